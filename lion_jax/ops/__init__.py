@@ -1,0 +1,19 @@
+"""Pure-JAX linear-attention math: LION (bidirectional) and causal decayed linear attention.
+
+Each op has interchangeable implementations chosen by ``impl``:
+``attention`` (materialized L x L mask; the reference), ``recurrent`` (``lax.scan``),
+``chunk`` (chunked XLA) and ``pallas`` (fused GPU kernels in :mod:`pallas_kernels`).
+"""
+
+from lion_jax.ops.api import (IMPLS, causal_linear_attention, causal_linear_attention_step,
+                              lion_attention)
+from lion_jax.ops.masks import bidirectional_mask, causal_mask
+
+__all__ = [
+    "IMPLS",
+    "bidirectional_mask",
+    "causal_linear_attention",
+    "causal_linear_attention_step",
+    "causal_mask",
+    "lion_attention",
+]

@@ -1,0 +1,284 @@
+"""Public ops: input checks, the ``impl`` dispatcher, normalisation and dtype handling.
+
+Every form (``attention``, ``recurrent``, ``chunk``) computes the *non-normalised* output
+``sum_j s_ij M_ij v_j`` (and, for causal, the final state). Normalisation (the paper's SCALE)
+is done here, once, for all forms: a column of ones is appended to ``v`` so the same pass also
+yields the denominator ``sum_j s_ij M_ij`` (for the recurrent form this column carries exactly
+the paper's ``z`` states and ``c`` scalars), then ``y = num / (den + eps)``.
+
+Math runs in float32 (float64 for float64 inputs) whatever the input dtype; outputs are cast
+back to ``v.dtype``; states are kept in the compute dtype.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lion_jax.ops import attention, chunk, recurrent
+
+IMPLS = ("attention", "recurrent", "chunk", "pallas", "auto")
+
+# impl="auto" without usable kernels: the materialized form up to this length, chunked beyond.
+AUTO_ATTENTION_MAX_LEN = 256
+
+_CAUSAL_FORMS = {"attention": attention.causal, "recurrent": recurrent.causal}
+_BIDIRECTIONAL_FORMS = {"attention": attention.bidirectional, "recurrent": recurrent.bidirectional}
+
+
+def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="auto",
+                   chunk_size=64):
+    """LION bidirectional masked linear attention ``SCALE(Q K^T * M) V`` (paper Eq. 28).
+
+    ``M_ij = exp(-|A_i - A_j|)`` with ``A = cumsum(log_decay)`` over the sequence.
+
+    Args:
+      q, k: ``[B, L, H, K]`` queries and keys (already feature-mapped).
+      v: ``[B, L, H, V]`` values.
+      log_decay: None (no decay, LION-LIT) or ``[B, L, H]`` with entries ``<= 0``.
+      normalize: divide each row by ``sum_j s_ij M_ij + eps`` (SCALE); False gives the
+        non-normalised form (LION-RETNET).
+      eps: added to the denominator.
+      impl: "attention" (materialized L x L), "recurrent" (Theorem 3.3 scans, O(L d) memory),
+        "chunk" (chunked XLA), "pallas" (fused GPU kernels), or "auto".
+      chunk_size: chunk length for "chunk" and "pallas".
+    Returns:
+      ``[B, L, H, V]`` in ``v.dtype``.
+    """
+    name = "lion_attention"
+    _check_qkv(name, q, k, v)
+    _check_log_decay(name, log_decay, q, per_feature_ok=False)
+    _check_options(name, impl, chunk_size, eps)
+    impl = _resolve_impl(impl, q.shape[1])
+    if impl == "pallas":
+        return _kernels(name).bidirectional_linear_attention(
+            q, k, v, log_decay, normalize=normalize, eps=eps, chunk_size=chunk_size)
+
+    out_dtype = v.dtype
+    dtype = _compute_dtype(out_dtype)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    log_decay = None if log_decay is None else log_decay.astype(dtype)
+    if normalize:
+        v = _append_ones(v)
+    if impl == "chunk":
+        y = chunk.bidirectional(q, k, v, log_decay, chunk_size=chunk_size)
+    else:
+        y = _BIDIRECTIONAL_FORMS[impl](q, k, v, log_decay)
+    if normalize:
+        y = _divide_by_last_column(y, eps)
+    return y.astype(out_dtype)
+
+
+def causal_linear_attention(q, k, v, log_decay=None, *, normalize=False, eps=1e-6, impl="auto",
+                            chunk_size=64, initial_state=None, return_final_state=False):
+    """Causal (decayed) linear attention.
+
+    ``y_i = sum_{j<=i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T`` with ``A = cumsum(log_decay)``,
+    i.e. the recurrence ``S_t = diag(exp(a_t)) S_{t-1} + k_t v_t^T``, ``y_t = q_t^T S_t``.
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``.
+      log_decay: None, ``[B, L, H]`` (scalar per token and head: RetNet, TNL, LION halves,
+        Mamba-2) or ``[B, L, H, K]`` (per key feature: GLA, HGRN2), entries ``<= 0``.
+      normalize: divide by ``sum_j s_ij M_ij + eps``.
+      eps: added to the denominator.
+      impl: see :func:`lion_attention`.
+      chunk_size: chunk length for "chunk" and "pallas".
+      initial_state: the state before the first token: ``S [B, H, K, V]``, or with
+        ``normalize=True`` the pair ``(S, z [B, H, K])``.
+      return_final_state: also return the state after the last token (same structure).
+    Returns:
+      ``y [B, L, H, V]`` in ``v.dtype``, or ``(y, final_state)``.
+    """
+    name = "causal_linear_attention"
+    _check_qkv(name, q, k, v)
+    _check_log_decay(name, log_decay, q, per_feature_ok=True)
+    _check_options(name, impl, chunk_size, eps)
+    B, L, H, K = q.shape
+    _check_state(name, initial_state, normalize, (B, H, K, v.shape[-1]))
+    impl = _resolve_impl(impl, L)
+
+    out_dtype = v.dtype
+    state = initial_state
+    if normalize:
+        v = _append_ones(v)
+        if state is not None:
+            state = jnp.concatenate([state[0], state[1][..., None]], axis=-1)
+    if impl == "pallas":
+        y, final_state = _kernels(name).causal_linear_attention(
+            q, k, v, log_decay, chunk_size=chunk_size, initial_state=state, return_final_state=True)
+    else:
+        dtype = _compute_dtype(out_dtype)
+        q, k, v = (x.astype(dtype) for x in (q, k, v))
+        log_decay = None if log_decay is None else log_decay.astype(dtype)
+        state = None if state is None else state.astype(dtype)
+        if impl == "chunk":
+            y, final_state = chunk.causal(q, k, v, log_decay, state, chunk_size=chunk_size)
+        else:
+            y, final_state = _CAUSAL_FORMS[impl](q, k, v, log_decay, state)
+
+    if normalize:
+        y = _divide_by_last_column(y, eps)
+        final_state = (final_state[..., :-1], final_state[..., -1])
+    y = y.astype(out_dtype)
+    return (y, final_state) if return_final_state else y
+
+
+def causal_linear_attention_step(q, k, v, state=None, log_decay=None, *, normalize=False,
+                                 eps=1e-6):
+    """One decoding step of :func:`causal_linear_attention` (the recurrent form's update).
+
+    Args:
+      q, k: ``[B, H, K]``; v: ``[B, H, V]`` for the new token.
+      state: None (empty) or the state so far: ``S [B, H, K, V]``, or ``(S, z [B, H, K])``
+        with ``normalize=True``; e.g. the ``final_state`` of a prefill call.
+      log_decay: None, ``[B, H]`` or ``[B, H, K]`` for the new token.
+      normalize, eps: as in :func:`causal_linear_attention`.
+    Returns:
+      ``(y [B, H, V] in v.dtype, new_state)`` with the structure of ``state``.
+    """
+    name = "causal_linear_attention_step"
+    # Reuse the sequence checks on a length-1 view.
+    q1, k1, v1 = q[:, None], k[:, None], v[:, None]
+    a1 = None if log_decay is None else log_decay[:, None]
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError(f"{name}: q, k must have shape [B, H, K] and v [B, H, V] (one token); "
+                         f"got q {q.shape}, k {k.shape}, v {v.shape}")
+    _check_qkv(name, q1, k1, v1)
+    _check_log_decay(name, a1, q1, per_feature_ok=True)
+    B, H, K = q.shape
+    _check_state(name, state, normalize, (B, H, K, v.shape[-1]))
+
+    dtype = _compute_dtype(v.dtype)
+    q_, k_, v_ = (x.astype(dtype) for x in (q, k, v))
+    if state is None:
+        state = jnp.zeros((B, H, K, v.shape[-1]), dtype)
+        if normalize:
+            state = (state, jnp.zeros((B, H, K), dtype))
+    if normalize:
+        v_ = _append_ones(v_)
+        state = jnp.concatenate([state[0], state[1][..., None]], axis=-1)
+    new_state, y = recurrent.step(state.astype(dtype), q_, k_, v_,
+                                  None if log_decay is None else log_decay.astype(dtype))
+    if normalize:
+        y = _divide_by_last_column(y, eps)
+        new_state = (new_state[..., :-1], new_state[..., -1])
+    return y.astype(v.dtype), new_state
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _compute_dtype(dtype):
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _append_ones(v):
+    return jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+
+
+def _divide_by_last_column(y, eps):
+    return y[..., :-1] / (y[..., -1:] + eps)
+
+
+@functools.cache
+def _kernels_module():
+    try:
+        import pallas_kernels
+    except ImportError:
+        return None
+    return pallas_kernels
+
+
+def _kernels(name):
+    module = _kernels_module()
+    if module is None:
+        raise ValueError(f"{name}: impl='pallas' needs the pallas_kernels package, which could "
+                         "not be imported; use impl='chunk' (XLA) instead.")
+    return module
+
+
+def _resolve_impl(impl, length):
+    if impl != "auto":
+        return impl
+    if jax.default_backend() == "gpu" and _kernels_module() is not None:
+        return "pallas"
+    return "attention" if length <= AUTO_ATTENTION_MAX_LEN else "chunk"
+
+
+def _is_concrete(x):
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_qkv(name, q, k, v):
+    for arg, x, dims in (("q", q, "[B, L, H, K]"), ("k", k, "[B, L, H, K]"),
+                         ("v", v, "[B, L, H, V]")):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name}: {arg} must have shape {dims}, got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+    if k.shape != q.shape:
+        raise ValueError(f"{name}: k must have the shape of q [B, L, H, K] = {q.shape}, "
+                         f"got {k.shape}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"{name}: v must have shape [B, L, H, V] with B, L, H = {q.shape[:3]} "
+                         f"as in q, got {v.shape}")
+    if q.shape[1] < 1:
+        raise ValueError(f"{name}: the sequence length L (axis 1) must be >= 1, got {q.shape}")
+    dtypes = {arg: jnp.dtype(x.dtype) for arg, x in (("q", q), ("k", k), ("v", v))}
+    if len(set(dtypes.values())) != 1 or not jnp.issubdtype(dtypes["q"], jnp.floating):
+        got = ", ".join(f"{a} {d}" for a, d in dtypes.items())
+        raise ValueError(f"{name}: q, k and v must share one floating dtype (float32, bfloat16, "
+                         f"float16 or float64), got {got}; cast them to one dtype")
+
+
+def _check_log_decay(name, log_decay, q, *, per_feature_ok):
+    if log_decay is None:
+        return
+    B, L, H, K = q.shape
+    allowed = [(B, L, H)] + ([(B, L, H, K)] if per_feature_ok else [])
+    if tuple(getattr(log_decay, "shape", ())) not in allowed:
+        expected = " or ".join(str(list(s)) for s in allowed)
+        names = "[B, L, H] or [B, L, H, K]" if per_feature_ok else (
+            "[B, L, H]; per-feature decay [B, L, H, K] is causal only")
+        raise ValueError(f"{name}: log_decay must have shape {names} = {expected}, got "
+                         f"{getattr(log_decay, 'shape', type(log_decay).__name__)}")
+    if not jnp.issubdtype(log_decay.dtype, jnp.floating):
+        raise ValueError(f"{name}: log_decay must be a floating array, got {log_decay.dtype}")
+    if _is_concrete(log_decay):
+        top = float(np.max(np.asarray(log_decay, dtype=np.float64)))
+        if not top <= 0.0:  # also catches NaN
+            raise ValueError(
+                f"{name}: log_decay must be <= 0 everywhere (the log of a decay in (0, 1]), got "
+                f"max {top}; map real parameters with jax.nn.log_sigmoid")
+
+
+def _check_options(name, impl, chunk_size, eps):
+    if impl not in IMPLS:
+        raise ValueError(f"{name}: impl must be one of {IMPLS}, got {impl!r}")
+    if not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"{name}: chunk_size must be a positive int, got {chunk_size!r}")
+    if not eps >= 0:
+        raise ValueError(f"{name}: eps must be >= 0, got {eps!r}")
+
+
+def _check_state(name, state, normalize, shape):
+    if state is None:
+        return
+    B, H, K, V = shape
+    if normalize:
+        ok = (isinstance(state, (tuple, list)) and len(state) == 2
+              and tuple(state[0].shape) == shape and tuple(state[1].shape) == (B, H, K))
+        if not ok:
+            raise ValueError(f"{name}: with normalize=True the state must be a pair (S, z) with "
+                             f"S [B, H, K, V] = {list(shape)} and z [B, H, K] = {[B, H, K]}")
+        arrays = state
+    else:
+        if getattr(state, "shape", None) != shape:
+            raise ValueError(f"{name}: the state must have shape [B, H, K, V] = {list(shape)}, "
+                             f"got {getattr(state, 'shape', type(state).__name__)}")
+        arrays = (state,)
+    for x in arrays:
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name}: the state must be floating (float32), got {x.dtype}")

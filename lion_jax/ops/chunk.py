@@ -1,0 +1,86 @@
+"""Chunked forms in plain XLA: ``O(L C d + L d^2 / C)`` memory, no ``L x L`` buffer.
+
+The sequence is cut into chunks of C tokens (zero-padded at the end, which is exact: padded
+tokens have ``k = v = 0`` and log-decay 0, so they neither add to nor decay the state). With
+``b`` the cumulative log-decay *within* each chunk (chunk-local, so long sequences lose no
+precision), chunk n computes
+
+    intra:  y_i  = sum_{j<=i in chunk} (q_i . diag(exp(b_i - b_j)) k_j) v_j      (masked C x C)
+    inter:  y_i += q_i^T diag(exp(b_i)) S_{n-1}
+    state:  S_n  = diag(exp(b_C)) S_{n-1} + sum_j diag(exp(b_C - b_j)) k_j v_j^T
+
+Chunk-local states are computed for all chunks at once; a ``lax.scan`` over the ``L / C`` chunks
+carries them into prefix states. Every exponent is ``<= 0``.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from lion_jax.ops import masks
+from lion_jax.ops._utils import bidirectional_from_causal, decay_factor, einsum
+
+
+def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64):
+    """Causal linear attention, chunked.
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``.
+      log_decay: None, ``[B, L, H]`` or ``[B, L, H, K]``.
+      initial_state: None or ``[B, H, K, V]``.
+      chunk_size: tokens per chunk, C.
+    Returns:
+      ``(y [B, L, H, V], final_state [B, H, K, V])``; the final state is that after the true
+      last token.
+    """
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    C = chunk_size
+    N = -(-L // C)
+    if log_decay is None:
+        log_decay = jnp.zeros((B, L, H), q.dtype)
+
+    def to_chunks(x):  # [B, L, H, ...] -> [B, H, N, C, ...], zero-padded
+        x = jnp.pad(x, [(0, 0), (0, N * C - L)] + [(0, 0)] * (x.ndim - 2))
+        x = x.reshape((B, N, C) + x.shape[2:])
+        return jnp.moveaxis(x, 3, 1)
+
+    qc, kc, vc = to_chunks(q), to_chunks(k), to_chunks(v)
+    b = jnp.cumsum(to_chunks(log_decay), axis=3)  # [B, H, N, C] or [B, H, N, C, K]
+
+    if b.ndim == 4:  # scalar decay
+        scores = einsum("bhnik,bhnjk->bhnij", qc, kc) * masks.causal_mask(b)
+    else:  # per-feature decay: a C x C mask per key feature
+        mask = masks.causal_mask(jnp.moveaxis(b, -1, -2))  # [B, H, N, K, C, C]
+        scores = einsum("bhnik,bhnjk,bhnkij->bhnij", qc, kc, mask)
+    y = einsum("bhnij,bhnjv->bhniv", scores, vc)
+
+    b_last = b[:, :, :, -1:]
+    k_to_end = kc * decay_factor(jnp.exp(b_last - b), 5)
+    chunk_states = einsum("bhnjk,bhnjv->bhnkv", k_to_end, vc)  # [B, H, N, K, V]
+    chunk_decay = decay_factor(jnp.exp(b_last[:, :, :, 0]), 5)  # [B, H, N, 1 or K, 1]
+
+    def carry(state, x):
+        decay, local = x
+        return decay * state + local, state  # emit the state entering this chunk
+
+    state0 = jnp.zeros((B, H, K, V), v.dtype) if initial_state is None else initial_state
+    final_state, entering = jax.lax.scan(
+        carry, state0, (jnp.moveaxis(chunk_decay, 2, 0), jnp.moveaxis(chunk_states, 2, 0)))
+    entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]
+    y = y + einsum("bhnik,bhnkv->bhniv", qc * decay_factor(jnp.exp(b), 5), entering)
+
+    y = jnp.moveaxis(y, 1, 3).reshape(B, N * C, H, V)[:, :L]
+    return y, final_state
+
+
+def bidirectional(q, k, v, log_decay=None, *, chunk_size=64):
+    """LION, chunked: the forward causal pass plus the backward one on the reversed sequence.
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: None or ``[B, L, H]``.
+      chunk_size: tokens per chunk.
+    Returns:
+      ``[B, L, H, V]`` numerator (not normalised).
+    """
+    causal_fn = lambda *args: causal(*args, chunk_size=chunk_size)  # noqa: E731
+    return bidirectional_from_causal(causal_fn, q, k, v, log_decay)

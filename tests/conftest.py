@@ -1,0 +1,23 @@
+"""Test-wide setup.
+
+Eight host CPU devices are forced before JAX is imported, so sharding tests can build real
+meshes on a CPU-only machine; single-device tests simply use the first device.
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+if os.environ.get("LION_TEST_GPU") != "1":  # on the GPU machine: LION_TEST_GPU=1 pytest ...
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh numpy Generator per test; the seed is printed on failure for reproduction."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    request.node.user_properties.append(("seed", seed))
+    print(f"[seed={seed}]")
+    return np.random.default_rng(seed)

@@ -1,0 +1,295 @@
+"""lion_jax.ops: every implementation against the materialized reference, forward and gradients.
+
+Tolerances (ARCHITECTURE.md section 6): float64 relative error <= 1e-10, float32 <= 1e-5 (both
+against a float64 reference on the same inputs), bf16 relative RMS error <= 5e-3. Inputs are
+drawn with a fresh seed per test (printed as [seed=...]); lengths are odd so they are never a
+multiple of the chunk.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lion_jax import ops
+
+TOL = {np.float64: 1e-10, np.float32: 1e-5}
+DECAYS = ("none", "zero", "moderate", "strong")  # strong: log-decay down to -20 per token
+
+
+def rel_err(x, ref):
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    assert np.all(np.isfinite(x)), "non-finite values"
+    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300)
+
+
+def make_inputs(rng, *, decay, normalize, dtype, B=2, L=None, H=2, K=6, V=5):
+    """Random q, k, v, log_decay, cotangent. Normalised runs get positive features (as elu+1
+    gives) so the denominator is well conditioned; non-normalised ones get signed features."""
+    L = L if L is not None else int(rng.integers(8, 35)) * 2 + 1
+    if normalize:
+        q, k = (rng.uniform(0.05, 1.0, size=(B, L, H, K)) for _ in range(2))
+    else:
+        q, k = (rng.normal(size=(B, L, H, K)) for _ in range(2))
+    v = rng.normal(size=(B, L, H, V))
+    shape = (B, L, H, K) if decay.startswith("feature") else (B, L, H)
+    log_decay = {
+        "none": None,
+        "zero": np.zeros(shape),
+        "moderate": -rng.uniform(0.0, 1.0, size=shape),
+        "strong": -rng.uniform(0.0, 20.0, size=shape),
+        "feature_moderate": -rng.uniform(0.0, 1.0, size=shape),
+        "feature_strong": -rng.uniform(0.0, 20.0, size=shape),
+    }[decay]
+    cot = rng.normal(size=(B, L, H, V))
+    cast = lambda x: None if x is None else jnp.asarray(x, dtype)  # noqa: E731
+    return cast(q), cast(k), cast(v), cast(log_decay), cast(cot)
+
+
+L_TEST = 45  # odd, so never a multiple of the chunk (16); fixed so compiled functions are reused
+
+
+@functools.partial(jax.jit, static_argnames=("op", "impl", "normalize"))
+def value_and_grads(q, k, v, log_decay, cot, *, op, impl, normalize):
+    """Output of ``op`` and the gradients of <output, cot> w.r.t. q, k, v and log_decay."""
+    fn = ops.lion_attention if op == "lion" else ops.causal_linear_attention
+
+    def loss(q, k, v, a):
+        return jnp.sum(fn(q, k, v, a, normalize=normalize, impl=impl, chunk_size=16) * cot)
+
+    argnums = (0, 1, 2) if log_decay is None else (0, 1, 2, 3)
+    grads = jax.grad(loss, argnums=argnums)(q, k, v, log_decay)
+    return fn(q, k, v, log_decay, normalize=normalize, impl=impl, chunk_size=16), grads
+
+
+def check_against_reference(inputs, dtype, **kwargs):
+    """Compares an impl (output and gradients) with impl="attention" in float64."""
+    with jax.enable_x64(True):
+        ref_inputs = [None if x is None else jnp.asarray(x, jnp.float64) for x in inputs]
+        ref_out, ref_grads = value_and_grads(*ref_inputs, **{**kwargs, "impl": "attention"})
+        ref_out, ref_grads = np.asarray(ref_out), [np.asarray(g) for g in ref_grads]
+    with jax.enable_x64(dtype == np.float64):
+        out, grads = value_and_grads(*inputs, **kwargs)
+    chex.assert_tree_all_finite((out, grads))
+    assert out.dtype == dtype
+    assert rel_err(out, ref_out) <= TOL[dtype], f"output: {rel_err(out, ref_out):.3g}"
+    for name, g, rg in zip("qkva", grads, ref_grads):
+        assert rel_err(g, rg) <= TOL[dtype], f"d{name}: {rel_err(g, rg):.3g}"
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("decay", DECAYS)
+@pytest.mark.parametrize("impl", ["recurrent", "chunk"])
+def test_lion_attention_matches_reference(rng, impl, decay, normalize, dtype):
+    with jax.enable_x64(dtype == np.float64):
+        inputs = make_inputs(rng, decay=decay, normalize=normalize, dtype=dtype, L=L_TEST)
+    check_against_reference(inputs, dtype, op="lion", impl=impl, normalize=normalize)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("decay", DECAYS + ("feature_moderate", "feature_strong"))
+@pytest.mark.parametrize("impl", ["recurrent", "chunk"])
+def test_causal_matches_reference(rng, impl, decay, normalize, dtype):
+    with jax.enable_x64(dtype == np.float64):
+        inputs = make_inputs(rng, decay=decay, normalize=normalize, dtype=dtype, L=L_TEST)
+    check_against_reference(inputs, dtype, op="causal", impl=impl, normalize=normalize)
+
+
+def test_reference_is_the_papers_formula(rng):
+    """The materialized form equals SCALE(QK^T * M)V written out entry by entry (Eq. 28)."""
+    with jax.enable_x64(True):
+        q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float64, B=1,
+                                    H=1, L=9)
+        qn, kn, vn, an = (np.asarray(x)[0, :, 0] for x in (q, k, v, a))
+        A = np.cumsum(an)
+        L = len(A)
+        M = np.array([[np.prod(np.exp(an[j + 1:i + 1])) if i >= j else np.prod(np.exp(an[i + 1:j + 1]))
+                       for j in range(L)] for i in range(L)])
+        scores = (qn @ kn.T) * M
+        expected = scores @ vn / (scores.sum(1, keepdims=True) + 1e-6)
+        np.testing.assert_allclose(M, np.exp(-np.abs(A[:, None] - A[None, :])), rtol=1e-12)
+        got = ops.lion_attention(q, k, v, a, impl="attention")[0, :, 0]
+        assert rel_err(got, expected) <= 1e-12
+        causal = (qn @ kn.T) * np.tril(M) @ vn
+        got = ops.causal_linear_attention(q, k, v, a, impl="attention")[0, :, 0]
+        assert rel_err(got, causal) <= 1e-12
+
+
+def test_observation_3_1_naive_sum_is_not_attention(rng):
+    """Paper Observation 3.1: adding two separately scaled linear recurrences (forward and
+    backward, Eqs. 6-7) is not the scaled masked attention; Theorem 3.3's recurrence is."""
+    with jax.enable_x64(True):
+        q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float64)
+        attention = ops.lion_attention(q, k, v, a, impl="attention")
+
+        def scaled_causal(q, k, v, a):
+            return ops.causal_linear_attention(q, k, v, a, normalize=True, impl="recurrent")
+
+        flip = lambda x: jnp.flip(x, axis=1)  # noqa: E731
+        naive = scaled_causal(q, k, v, a) + flip(scaled_causal(flip(q), flip(k), flip(v), flip(a)))
+        lion = ops.lion_attention(q, k, v, a, impl="recurrent")
+        assert rel_err(naive, attention) > 0.1
+        assert rel_err(lion, attention) <= 1e-10
+
+
+@pytest.mark.parametrize("impl", ["recurrent", "chunk"])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("decay", ["moderate", "feature_moderate", "none"])
+def test_causal_initial_and_final_state(rng, impl, decay, normalize):
+    """A sequence split in two, the second half started from the first's final state, equals
+    the whole sequence; states and their gradients match the reference."""
+    with jax.enable_x64(True):
+        q, k, v, a, cot = make_inputs(rng, decay=decay, normalize=normalize, dtype=np.float64)
+        L = q.shape[1]
+        cut = int(rng.integers(1, L - 1))
+        kwargs = dict(normalize=normalize, chunk_size=16, return_final_state=True)
+        full, full_state = ops.causal_linear_attention(q, k, v, a, impl="attention", **kwargs)
+        part = lambda x, s: None if x is None else x[:, s]  # noqa: E731
+        first, state = ops.causal_linear_attention(
+            *(part(x, slice(0, cut)) for x in (q, k, v, a)), impl=impl, **kwargs)
+        second, final_state = ops.causal_linear_attention(
+            *(part(x, slice(cut, None)) for x in (q, k, v, a)), impl=impl, initial_state=state,
+            **kwargs)
+        assert rel_err(jnp.concatenate([first, second], axis=1), full) <= 1e-10
+        chex.assert_trees_all_close(final_state, full_state, rtol=1e-10, atol=1e-12)
+
+        def loss(s0, impl):
+            y, s = ops.causal_linear_attention(*(part(x, slice(cut, None)) for x in (q, k, v, a)),
+                                               impl=impl, initial_state=s0, **kwargs)
+            return jnp.sum(y * cot[:, cut:]) + sum(jnp.sum(x) for x in jax.tree.leaves(s))
+
+        ref_grad = jax.grad(loss)(state, "attention")
+        chex.assert_trees_all_close(jax.grad(loss)(state, impl), ref_grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("decay", ["moderate", "feature_moderate", "none"])
+def test_step_decoding_matches_sequence(rng, decay, normalize):
+    """Token-by-token decoding with causal_linear_attention_step reproduces the sequence op,
+    also after a chunked prefill whose length is not a multiple of the chunk."""
+    with jax.enable_x64(True):
+        q, k, v, a, _ = make_inputs(rng, decay=decay, normalize=normalize, dtype=np.float64)
+        L = q.shape[1]
+        full = ops.causal_linear_attention(q, k, v, a, normalize=normalize, impl="attention")
+        at = lambda x, t: None if x is None else x[:, t]  # noqa: E731
+        step = jax.jit(lambda q, k, v, s, a: ops.causal_linear_attention_step(
+            q, k, v, s, a, normalize=normalize))
+
+        state, ys = None, []
+        for t in range(L):
+            y, state = step(at(q, t), at(k, t), at(v, t), state, at(a, t))
+            ys.append(y)
+        assert rel_err(jnp.stack(ys, axis=1), full) <= 1e-10
+
+        prefill = int(rng.integers(2, L - 3)) | 1  # odd: never a multiple of the chunk
+        y_pre, state = ops.causal_linear_attention(
+            *(None if x is None else x[:, :prefill] for x in (q, k, v, a)), normalize=normalize,
+            impl="chunk", chunk_size=8, return_final_state=True)
+        ys = [y_pre]
+        for t in range(prefill, L):
+            y, state = step(at(q, t), at(k, t), at(v, t), state, at(a, t))
+            ys.append(y[:, None])
+        assert rel_err(jnp.concatenate(ys, axis=1), full) <= 1e-10
+
+
+@pytest.mark.parametrize("op", ["lion", "causal"])
+def test_bf16_inputs(rng, op):
+    """bf16 inputs: float32 accumulation, bf16 output within 5e-3 relative RMS of float32."""
+    q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=jnp.bfloat16, L=301)
+    fn = ops.lion_attention if op == "lion" else ops.causal_linear_attention
+    ref = fn(*(x.astype(jnp.float32) for x in (q, k, v, a)), impl="attention")
+    for impl in ("attention", "recurrent", "chunk"):
+        out = fn(q, k, v, a, impl=impl)
+        assert out.dtype == jnp.bfloat16
+        assert rel_err(out, ref) <= 5e-3, impl
+
+
+def test_edge_lengths(rng):
+    """L = 1 and chunk_size = 1 or larger than L."""
+    with jax.enable_x64(True):
+        for L, chunk in ((1, 16), (5, 1), (7, 64)):
+            q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float64,
+                                        L=L)
+            for fn in (ops.lion_attention, ops.causal_linear_attention):
+                ref = fn(q, k, v, a, impl="attention")
+                for impl in ("recurrent", "chunk"):
+                    assert rel_err(fn(q, k, v, a, impl=impl, chunk_size=chunk), ref) <= 1e-10
+
+
+def _temp_bytes(impl, L, B=1, H=2, K=16, V=16):
+    spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    fn = jax.jit(lambda q, k, v, a: ops.lion_attention(q, k, v, a, impl=impl))
+    compiled = fn.lower(spec(B, L, H, K), spec(B, L, H, K), spec(B, L, H, V),
+                        spec(B, L, H)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_recurrent_memory_is_linear_attention_quadratic():
+    """Compiled temporary memory at L and 4L: the recurrent LION grows ~4x (O(L d), and below
+    one [L, K, V] stack of states), the materialized form ~16x (O(L^2))."""
+    L, H, K, V = 512, 2, 16, 16
+    rec = [_temp_bytes("recurrent", n) for n in (L, 4 * L)]
+    att = [_temp_bytes("attention", n) for n in (L, 4 * L)]
+    assert 3.0 <= rec[1] / rec[0] <= 5.0, rec
+    assert rec[1] < 4 * L * H * K * V * 4, "recurrent form stores O(L d^2)"
+    assert att[1] / att[0] >= 12.0, att
+
+
+def test_auto_picks_a_form(rng):
+    q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float32, L=300)
+    ref = ops.lion_attention(q, k, v, a, impl="attention")
+    assert rel_err(ops.lion_attention(q, k, v, a), ref) <= 1e-5
+
+
+class TestBadInputs:
+    def setup_method(self):
+        r = np.random.default_rng(0)
+        self.q = jnp.asarray(r.uniform(size=(2, 9, 3, 4)), jnp.float32)
+        self.v = jnp.asarray(r.uniform(size=(2, 9, 3, 5)), jnp.float32)
+        self.a = -jnp.ones((2, 9, 3), jnp.float32)
+
+    def raises(self, match, fn, *args, **kwargs):
+        with pytest.raises(ValueError, match=match):
+            fn(*args, **kwargs)
+
+    def test_shapes(self):
+        q, v, a = self.q, self.v, self.a
+        self.raises(r"k must have the shape of q", ops.lion_attention, q, q[..., :3], v)
+        self.raises(r"v must have shape \[B, L, H, V\]", ops.lion_attention, q, q, v[:, :8])
+        self.raises(r"q must have shape \[B, L, H, K\]", ops.lion_attention, q[0], q, v)
+        self.raises(r"log_decay must have shape", ops.lion_attention, q, q, v, a[:, :, :2])
+        self.raises(r"per-feature decay \[B, L, H, K\] is causal only", ops.lion_attention, q, q,
+                    v, jnp.zeros(q.shape))
+        self.raises(r"log_decay must have shape", ops.causal_linear_attention, q, q, v, a[:, :4])
+        self.raises(r"state must have shape \[B, H, K, V\]", ops.causal_linear_attention, q, q,
+                    v, initial_state=jnp.zeros((2, 3, 4, 4)))
+        self.raises(r"pair \(S, z\)", ops.causal_linear_attention, q, q, v, normalize=True,
+                    initial_state=jnp.zeros((2, 3, 4, 5)))
+
+    def test_positive_log_decay(self):
+        self.raises(r"log_decay must be <= 0 .* got max 0.5", ops.lion_attention, self.q, self.q,
+                    self.v, self.a.at[0, 3, 1].set(0.5))
+        self.raises(r"log_decay must be <= 0", ops.causal_linear_attention, self.q, self.q,
+                    self.v, self.a.at[1, 0, 0].set(jnp.nan))
+
+    def test_options(self):
+        q, v = self.q, self.v
+        self.raises(r"impl must be one of", ops.lion_attention, q, q, v, impl="flash")
+        self.raises(r"chunk_size must be a positive int", ops.lion_attention, q, q, v,
+                    impl="chunk", chunk_size=0)
+        self.raises(r"eps must be >= 0", ops.lion_attention, q, q, v, eps=-1.0)
+
+    def test_dtypes(self):
+        q, v = self.q, self.v
+        self.raises(r"share one floating dtype.*k bfloat16", ops.lion_attention, q,
+                    q.astype(jnp.bfloat16), v)
+        self.raises(r"share one floating dtype", ops.causal_linear_attention, q.astype(jnp.int32),
+                    q.astype(jnp.int32), v.astype(jnp.int32))
+
+    def test_step_shapes(self):
+        self.raises(r"one token", ops.causal_linear_attention_step, self.q, self.q, self.v)
