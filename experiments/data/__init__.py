@@ -1,0 +1,1 @@
+"""Datasets and input pipelines (numpy only; the trainer places batches on devices)."""
