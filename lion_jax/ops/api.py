@@ -50,7 +50,7 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
     _check_qkv(name, q, k, v)
     _check_log_decay(name, log_decay, q, per_feature_ok=False)
     _check_options(name, impl, chunk_size, eps)
-    impl = _resolve_impl(impl, q.shape[1])
+    impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize)
     if impl == "pallas":
         return _kernels(name).bidirectional_linear_attention(
             q, k, v, log_decay, normalize=normalize, eps=eps, chunk_size=chunk_size)
@@ -97,7 +97,7 @@ def causal_linear_attention(q, k, v, log_decay=None, *, normalize=False, eps=1e-
     _check_options(name, impl, chunk_size, eps)
     B, L, H, K = q.shape
     _check_state(name, initial_state, normalize, (B, H, K, v.shape[-1]))
-    impl = _resolve_impl(impl, L)
+    impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize)
 
     out_dtype = v.dtype
     state = initial_state
@@ -200,12 +200,18 @@ def _kernels(name):
     return module
 
 
-def _resolve_impl(impl, length):
+def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize):
+    """The form for impl="auto": the Pallas kernels on a GPU when they take these inputs (``v``
+    as the kernels see it: one column wider when normalising), else the materialized form for
+    short sequences and the chunked one beyond."""
     if impl != "auto":
         return impl
-    if jax.default_backend() == "gpu" and _kernels_module() is not None:
+    kernels = _kernels_module()
+    v_seen = jax.ShapeDtypeStruct(v.shape[:-1] + (v.shape[-1] + int(normalize),), v.dtype)
+    if (jax.default_backend() == "gpu" and kernels is not None
+            and kernels.unsupported_reason(q, k, v_seen, log_decay, chunk_size=chunk_size) is None):
         return "pallas"
-    return "attention" if length <= AUTO_ATTENTION_MAX_LEN else "chunk"
+    return "attention" if q.shape[1] <= AUTO_ATTENTION_MAX_LEN else "chunk"
 
 
 def _is_concrete(x):

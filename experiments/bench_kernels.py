@@ -1,0 +1,311 @@
+"""Benchmark the Pallas linear-attention kernels against FLA, cuDNN flash attention and XLA.
+
+    python -m experiments.bench_kernels --out workdir/bench_kernels [--lengths 1024,4096]
+        [--dims 64,128] [--quick]
+
+Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
+  ours      pallas_kernels.causal_linear_attention (per-token log_decay) and
+            pallas_kernels.bidirectional_linear_attention (LION, per-token decay, normalised)
+  FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
+            forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
+            fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
+  cuDNN     jax.nn.dot_product_attention(..., implementation="cudnn"), causal and not
+  XLA       lion_jax.ops.*(impl="chunk") (skipped with a note when missing)
+Median of ``--reps`` timed calls after warm-up: JAX with block_until_ready around each call,
+torch with CUDA events. Memory: XLA's compiled temp + output bytes for JAX, the peak allocated
+above the inputs for torch. Prints a table and writes results.json, results.md and
+results.png under --out. Needs a GPU (and torch + fla-core for the FLA rows).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory for torch
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import pallas_kernels  # noqa: E402
+
+
+def time_jax(fn, args, reps):
+    """(median ms, compiled temp + output MiB) of a jitted function; prints the compile time."""
+    fn = jax.jit(fn)
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    print(f"  (first call incl. compile: {time.perf_counter() - start:.1f} s)", flush=True)
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    mem = fn.lower(*args).compile().memory_analysis()
+    mib = None if mem is None else (mem.temp_size_in_bytes + mem.output_size_in_bytes) / 2**20
+    return statistics.median(times) * 1e3, mib
+
+
+def time_torch(fn, reps):
+    """(median ms, peak MiB above what was allocated before) of a torch callable."""
+    import torch
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    print(f"  (first call incl. autotune: {time.perf_counter() - start:.1f} s)", flush=True)
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def jax_cases():
+    """{name: (fn(q, k, v, g), supports backward)} for the JAX ops of this shape."""
+    cases = {
+        "pallas_causal": lambda q, k, v, g: pallas_kernels.causal_linear_attention(q, k, v, g),
+        "pallas_lion": lambda q, k, v, g: pallas_kernels.bidirectional_linear_attention(
+            q, k, v, g),
+        "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation="cudnn"),
+        "cudnn_full": lambda q, k, v, g: jax.nn.dot_product_attention(
+            q, k, v, implementation="cudnn"),
+    }
+    try:
+        from lion_jax import ops
+        cases["xla_chunk_causal"] = lambda q, k, v, g: ops.causal_linear_attention(
+            q, k, v, g, impl="chunk")
+        cases["xla_chunk_lion"] = lambda q, k, v, g: ops.lion_attention(q, k, v, g, impl="chunk")
+    except (ImportError, AttributeError) as e:
+        print(f"note: lion_jax.ops chunk forms unavailable ({e}); XLA rows skipped")
+    return cases
+
+
+def torch_cases():
+    """{name: (forward fn(q, k, v, g, gamma), has backward)}, or {} without FLA."""
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError as e:
+        print(f"note: FLA unavailable ({e}); FLA rows skipped")
+        return {}
+    return {
+        "fla_simple_gla_gamma": (lambda q, k, v, g, gamma: chunk_simple_gla(
+            q, k, v, g_gamma=gamma, scale=1.0)[0], True),
+        "fla_simple_gla_g": (lambda q, k, v, g, gamma: chunk_simple_gla(
+            q, k, v, g=g, scale=1.0)[0], False),
+        "fla_linear_attn": (lambda q, k, v, g, gamma: chunk_linear_attn(
+            q, k, v, scale=1.0, normalize=False)[0], True),
+    }
+
+
+def inputs(B, L, H, D, rng):
+    """float32 numpy q, k (positive: LION's feature maps), v, dy and log_decay in [-0.1, 0]."""
+    q = np.abs(rng.standard_normal((B, L, H, D))) / D
+    k = np.abs(rng.standard_normal((B, L, H, D)))
+    v = rng.standard_normal((B, L, H, D))
+    dy = rng.standard_normal((B, L, H, D))
+    g = -rng.uniform(0.0, 0.1, (B, L, H))
+    return [x.astype(np.float32) for x in (q, k, v, dy, g)]
+
+
+def bench_shape(B, L, H, D, reps, rng, rows):
+    q, k, v, dy, g = inputs(B, L, H, D, rng)
+    jq, jk, jv, jdy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
+    jg = jnp.asarray(g)
+    for name, fn in jax_cases().items():
+        fwd_bwd = lambda q, k, v, g, fn=fn: jax.vjp(fn, q, k, v, g)[1](jdy)
+        for kind, f in (("fwd", fn), ("fwd+bwd", fwd_bwd)):
+            try:
+                ms, mib = time_jax(f, (jq, jk, jv, jg), reps)
+            except Exception as e:  # a baseline that does not run here is reported, not fatal
+                print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
+                continue
+            rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, mib=mib))
+            print(f"{name:22s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib or 0:9.1f} MiB",
+                  flush=True)
+
+    cases = torch_cases()
+    if not cases:
+        return
+    import torch
+    tq, tk, tv, tdy = (torch.tensor(x, dtype=torch.bfloat16, device="cuda")
+                       for x in (q, k, v, dy))
+    tg = torch.tensor(g, device="cuda")
+    gamma = torch.full((H,), -0.05, device="cuda")
+    for name, (fn, has_bwd) in cases.items():
+        leaves = [t.clone().requires_grad_(has_bwd) for t in (tq, tk, tv)]
+
+        def fwd():
+            with torch.no_grad():
+                fn(*leaves, tg, gamma)
+
+        def fwd_bwd():
+            fn(*leaves, tg, gamma).backward(tdy)
+
+        for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd))[:2 if has_bwd else 1]:
+            try:
+                ms, mib = time_torch(f, reps)
+            except Exception as e:
+                print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
+                continue
+            rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, mib=mib))
+            print(f"{name:22s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib:9.1f} MiB",
+                  flush=True)
+
+
+def cross_check_with_fla(rng):
+    """Our causal forward vs FLA's chunk_simple_gla with per-token g (bf16, relative RMS)."""
+    try:
+        import torch
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError:
+        return None
+    q, k, v, _, g = inputs(2, 1000, 4, 64, rng)
+    ours = pallas_kernels.causal_linear_attention(*(jnp.asarray(x, jnp.bfloat16)
+                                                    for x in (q, k, v)), jnp.asarray(g))
+    t = [torch.tensor(x, dtype=torch.bfloat16, device="cuda") for x in (q, k, v)]
+    theirs = chunk_simple_gla(*t, g=torch.tensor(g, device="cuda"), scale=1.0)[0]
+    a = np.asarray(ours, np.float32)
+    b = theirs.float().cpu().numpy()
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def sweep(B, L, H, dims, reps, rng):
+    """Causal forward time of the raw kernel for a few (chunk, block_v, num_warps)."""
+    print(f"sweep: pallas chunk_scan forward, B={B} L={L} H={H} bf16 (ms)")
+    for D in dims:
+        q, k, v, _, g = inputs(B, L, H, D, rng)
+        args = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)] + [jnp.asarray(g)]
+        for chunk, block_v, num_warps in ((64, 32, 4), (64, 64, 4), (64, 64, 8), (128, 64, 8)):
+            fn = lambda q, k, v, g: pallas_kernels.chunk_scan(
+                q, k, v, g, chunk=chunk, block_v=block_v, num_warps=num_warps,
+                out_dtype=jnp.bfloat16)
+            try:
+                ms, _ = time_jax(fn, args, reps)
+            except Exception as e:
+                print(f"  D={D} chunk={chunk} block_v={block_v} warps={num_warps}: "
+                      f"failed: {type(e).__name__}: {e}"[:300])
+                continue
+            print(f"  D={D:4d} chunk={chunk:4d} block_v={block_v:4d} warps={num_warps}: "
+                  f"{ms:8.3f}", flush=True)
+
+
+RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
+    ("pallas_causal", "fla_simple_gla_gamma"),
+    ("pallas_causal", "fla_simple_gla_g"),
+    ("pallas_causal", "fla_linear_attn"),
+    ("pallas_causal", "cudnn_causal"),
+    ("pallas_causal", "xla_chunk_causal"),
+    ("pallas_lion", "cudnn_full"),
+    ("pallas_lion", "xla_chunk_lion"),
+]
+
+
+def markdown(rows, header):
+    """A table of times (ms) per op, kind, D and L, then the speed ratios."""
+    lengths = sorted({r["L"] for r in rows})
+    index = {(r["op"], r["kind"], r["D"], r["L"]): r for r in rows}
+    keys = sorted({(r["op"], r["kind"], r["D"]) for r in rows}, key=lambda x: (x[2], x[1], x[0]))
+    lines = [header, "", "Times in ms (peak MiB in parentheses).", "",
+             "| op | pass | D | " + " | ".join(f"L={L}" for L in lengths) + " |",
+             "|---|---|---|" + "---|" * len(lengths)]
+    for op, kind, D in keys:
+        cells = []
+        for L in lengths:
+            r = index.get((op, kind, D, L))
+            cells.append("-" if r is None else
+                         f"{r['ms']:.3f} ({r['mib']:.0f})" if r["mib"] is not None
+                         else f"{r['ms']:.3f}")
+        lines.append(f"| {op} | {kind} | {D} | " + " | ".join(cells) + " |")
+    lines += ["", "Speed ratios, peer time / our time (> 1: ours faster).", "",
+              "| ours vs peer | pass | D | " + " | ".join(f"L={L}" for L in lengths) + " |",
+              "|---|---|---|" + "---|" * len(lengths)]
+    for ours, peer in RATIOS:
+        for kind in ("fwd", "fwd+bwd"):
+            for D in sorted({r["D"] for r in rows}):
+                cells = []
+                for L in lengths:
+                    a, b = index.get((ours, kind, D, L)), index.get((peer, kind, D, L))
+                    cells.append("-" if a is None or b is None else f"{b['ms'] / a['ms']:.2f}")
+                if any(c != "-" for c in cells):
+                    lines.append(f"| {ours} vs {peer} | {kind} | {D} | " + " | ".join(cells)
+                                 + " |")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dims = sorted({r["D"] for r in rows})
+    fig, axes = plt.subplots(len(dims), 2, figsize=(12, 4.5 * len(dims)), squeeze=False)
+    for i, D in enumerate(dims):
+        for j, kind in enumerate(("fwd", "fwd+bwd")):
+            ax = axes[i][j]
+            for op in sorted({r["op"] for r in rows}):
+                pts = sorted((r["L"], r["ms"]) for r in rows
+                             if r["op"] == op and r["kind"] == kind and r["D"] == D)
+                if pts:
+                    style = "-o" if op.startswith("pallas") else "--."
+                    ax.plot(*zip(*pts), style, label=op)
+            ax.set(xscale="log", yscale="log", xlabel="L", ylabel="ms",
+                   title=f"{kind}, D={D}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="workdir/bench_kernels")
+    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
+    parser.add_argument("--dims", default="64,128")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="L=4096, D=64 only")
+    parser.add_argument("--sweep", type=int, default=0, metavar="L",
+                        help="first time the causal kernel's block settings at this L")
+    args = parser.parse_args()
+    lengths = [4096] if args.quick else [int(x) for x in args.lengths.split(",")]
+    dims = [64] if args.quick else [int(x) for x in args.dims.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    rng = np.random.default_rng(0)
+    device = jax.devices()[0].device_kind
+    print(f"device: {device}; jax {jax.__version__}; B={args.batch} H={args.heads} bf16")
+    err = cross_check_with_fla(rng)
+    if err is not None:
+        print(f"cross-check: our causal forward vs FLA chunk_simple_gla(g): rel RMS {err:.2e}")
+    if args.sweep:
+        sweep(args.batch, args.sweep, args.heads, dims, args.reps, rng)
+    header = (f"Device {device}, jax {jax.__version__}, B={args.batch}, H={args.heads}, bf16, "
+              f"median of {args.reps}; FLA cross-check rel RMS {err}")
+    rows = []
+    for D in dims:
+        for L in lengths:
+            bench_shape(args.batch, L, args.heads, D, args.reps, rng, rows)
+            table = markdown(rows, header)  # written after every shape: a timeout keeps them
+            with open(os.path.join(args.out, "results.json"), "w") as f:
+                json.dump(dict(device=device, rows=rows, fla_cross_check=err), f, indent=1)
+            with open(os.path.join(args.out, "results.md"), "w") as f:
+                f.write(table + "\n")
+    plot(rows, os.path.join(args.out, "results.png"))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

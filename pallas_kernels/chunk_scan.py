@@ -1,0 +1,169 @@
+"""The one Pallas kernel behind every op of this package: a chunked, decayed linear scan.
+
+For one direction, ``chunk_scan`` computes
+
+    forward (reverse=False):  o_i = sum_{j <= i} (q_i . k_j) exp(A_i - A_j) v_j + exp(A_i) q_i^T S0
+    reverse (reverse=True):   o_i = sum_{j >= i} (q_i . k_j) exp(A_j - A_i) v_j
+                                    + exp(A_T - A_i) q_i^T S0
+
+with ``A = cumsum(log_decay)`` over L and ``A_T`` its last entry (``j < i`` / ``j > i`` when
+``strict``). In the reverse direction ``S0`` is the state after the last token. It also returns
+the state the scan ends with: ``S = sum_j exp(A_T - A_j) k_j v_j^T + exp(A_T) S0`` forward and
+``S = sum_j exp(A_j) k_j v_j^T + exp(A_T) S0`` in reverse.
+
+Causal attention is the forward scan; LION's bidirectional attention is a forward scan plus a
+strict reverse scan; every gradient is again one of these scans with the arguments permuted (see
+``linear_attention.py``), so this is the only kernel there is.
+
+Algorithm (Lightning Attention-2, generalised to per-token decay). Per chunk of C tokens with
+chunk-local cumulative decay ``b_i`` (sum of log_decay from the chunk start to i, inclusive;
+never a cumulative sum over the whole sequence, never exponentiated when positive):
+
+    intra:  O = ((Q K^T) * exp(where(mask_ij, +-(b_i - b_j), -inf))) V
+
+where ``b_i - b_j`` and ``b_C - b_j`` are summed directly over their segment (a masked cumsum
+of the C x C matrix) rather than subtracted: with log_decay near -20 per token, ``b`` reaches
+-20 C and a difference of two such float32 numbers is off by ~1e-5 in the exponent.
+    inter:  O += (Q * exp(b_i)) S           [reverse: Q * exp(b_C - b_i)]
+    state:  S = exp(b_C) S + (K * exp(b_C - b_j))^T V   [reverse: K * exp(b_j)]
+
+One program per (batch, head, block of V columns) walks the chunks in order (or in reverse),
+carrying the ``[K, block_v]`` float32 state in registers. Dots take the input dtype
+(bf16/fp16: tensor cores with float32 accumulation) and float32 inputs use exact float32 dots
+(``Precision.HIGHEST``: no TF32).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _pad_axis(x, axis, size):
+    """Zero-pads ``x`` at the end of ``axis`` to ``size``."""
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _kernel(q_ref, k_ref, v_ref, g_ref, s0_ref, o_ref, s_ref, *, chunk, num_chunks, reverse,
+            strict, precision):
+    """One (batch, head, V-block) program.
+
+    Refs: q, k ``[Lp, Kp]``; v, o ``[Lp, BV]``; g (log_decay) ``[Lp]``; s0, s ``[Kp, BV]``.
+    s0_ref is None when the scan starts from zero.
+    """
+    idx = jnp.arange(chunk)
+    rows, cols = idx[:, None], idx[None, :]
+    if reverse:
+        mask = rows < cols if strict else rows <= cols
+    else:
+        mask = rows > cols if strict else rows >= cols
+    dtype = q_ref.dtype
+
+    def body(step, state):
+        n = num_chunks - 1 - step if reverse else step
+        sl = pl.ds(n * chunk, chunk)
+        q = q_ref[sl, :]
+        k = k_ref[sl, :]
+        v = v_ref[sl, :]
+        a = g_ref[sl].astype(jnp.float32)
+        # Segment sums summed directly (not as differences of a cumsum, which lose ~ulp(|b|)
+        # when the decay is strong): forward seg[i, j] = sum_{j < s <= i} a_s, reverse
+        # seg[i, j] = sum_{i < s <= j} a_s; zero outside. tail_j = sum_{s > j} a_s = b_C - b_j.
+        if reverse:
+            seg = jnp.cumsum(jnp.where(cols > rows, a[None, :], 0.0), axis=1)
+            tail = jnp.sum(jnp.where(cols == chunk - 1, seg, 0.0), axis=1)
+        else:
+            seg = jnp.cumsum(jnp.where(rows > cols, a[:, None], 0.0), axis=0)
+            tail = jnp.sum(jnp.where(rows == chunk - 1, seg, 0.0), axis=0)
+        head = jnp.cumsum(a)  # b_i = sum_{s <= i} a_s, decay from the chunk start
+        decay = jnp.exp(jnp.where(mask, seg, -jnp.inf))
+        scores = pltriton.dot(q, k, trans_b=True, precision=precision) * decay
+        q_scale, k_scale = (tail, head) if reverse else (head, tail)
+        q_scale, k_scale = jnp.exp(q_scale), jnp.exp(k_scale)
+        out = pltriton.dot(scores.astype(dtype), v, precision=precision)
+        q_dec = (q * q_scale[:, None]).astype(dtype)
+        out += pltriton.dot(q_dec, state.astype(dtype), precision=precision)
+        o_ref[sl, :] = out.astype(o_ref.dtype)
+        k_dec = (k * k_scale[:, None]).astype(dtype)
+        update = pltriton.dot(k_dec, v, trans_a=True, precision=precision)
+        return jnp.exp(jnp.sum(a)) * state + update
+
+    if s0_ref is None:
+        state = jnp.zeros(s_ref.shape, jnp.float32)
+    else:
+        state = s0_ref[...].astype(jnp.float32)
+    s_ref[...] = jax.lax.fori_loop(0, num_chunks, body, state)
+
+
+@functools.partial(jax.jit, static_argnames=("reverse", "strict", "chunk", "block_v",
+                                             "out_dtype", "interpret", "num_warps",
+                                             "num_stages"))
+def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=False,
+               chunk=64, block_v=64, out_dtype=jnp.float32, interpret=False, num_warps=None,
+               num_stages=2):
+    """Chunked decayed linear scan in one direction (see the module docstring).
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``, all one dtype; L a multiple of ``chunk``.
+      log_decay: ``[B, L, H]`` (any float dtype; used in float32), entries ``<= 0``.
+      initial_state: None or ``[B, H, K, V]`` float32.
+      reverse: scan from the last token to the first.
+      strict: leave out the diagonal ``j == i``.
+      chunk: tokens per chunk, a power of two >= 16.
+      block_v: V columns per program, a power of two >= 16.
+      out_dtype: dtype of ``o``.
+      interpret: run the Pallas interpreter (CPU) instead of compiling with Triton.
+      num_warps, num_stages: Triton launch settings (num_warps None: 8 for states of 64 x 64
+        entries or more, else 4; measured best at D=64 and D=128, see docs/kernels.md).
+    Returns:
+      ``(o [B, L, H, V] out_dtype, state [B, H, K, V] float32)``.
+    """
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    kp = _next_pow2(max(K, 16))
+    bv = min(block_v, _next_pow2(max(V, 16)))
+    vp = -(-V // bv) * bv
+    q, k = _pad_axis(q, 3, kp), _pad_axis(k, 3, kp)
+    v = _pad_axis(v, 3, vp)
+    precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+
+    in_specs = [
+        pl.BlockSpec((None, L, None, kp), lambda b, h, j: (b, 0, h, 0)),
+        pl.BlockSpec((None, L, None, kp), lambda b, h, j: (b, 0, h, 0)),
+        pl.BlockSpec((None, L, None, bv), lambda b, h, j: (b, 0, h, j)),
+        pl.BlockSpec((None, L, None), lambda b, h, j: (b, 0, h)),
+    ]
+    state_spec = pl.BlockSpec((None, None, kp, bv), lambda b, h, j: (b, h, 0, j))
+    args = [q, k, v, log_decay]
+    if initial_state is None:
+        in_specs.append(None)
+        args.append(None)
+    else:
+        in_specs.append(state_spec)
+        args.append(_pad_axis(_pad_axis(initial_state.astype(jnp.float32), 2, kp), 3, vp))
+
+    kernel = functools.partial(_kernel, chunk=chunk, num_chunks=L // chunk, reverse=reverse,
+                               strict=strict, precision=precision)
+    o, state = pl.pallas_call(
+        kernel,
+        grid=(B, H, vp // bv),
+        in_specs=in_specs,
+        out_specs=[pl.BlockSpec((None, L, None, bv), lambda b, h, j: (b, 0, h, j)), state_spec],
+        out_shape=[jax.ShapeDtypeStruct((B, L, H, vp), out_dtype),
+                   jax.ShapeDtypeStruct((B, H, kp, vp), jnp.float32)],
+        compiler_params=pltriton.CompilerParams(
+            num_warps=num_warps or (8 if kp * bv >= 64 * 64 else 4), num_stages=num_stages),
+        interpret=interpret,
+        name="chunk_scan_reverse" if reverse else "chunk_scan",
+    )(*args)
+    return o[..., :V], state[:, :, :K, :V]

@@ -1,0 +1,231 @@
+"""Public ops: causal and bidirectional (LION) chunked linear attention with custom VJPs.
+
+Conventions (ARCHITECTURE.md section 3): ``q, k: [B, L, H, K]``, ``v: [B, L, H, V]``,
+``log_decay: [B, L, H]`` (entries ``<= 0``) or None, ``A = cumsum(log_decay)`` over L.
+
+Every forward and backward pass is a handful of calls of one kernel,
+:func:`pallas_kernels.chunk_scan.chunk_scan` (a forward or reverse decayed scan). With
+``W_ij = (q_i . k_j) exp(A_i - A_j)`` for ``i >= j`` (causal) the gradients are again scans:
+
+    dq = scan_fwd(do, v, k; S0^T):  dq_i = sum_{j<=i} (do_i . v_j) e^{A_i-A_j} k_j + e^{A_i} S0 do_i
+    dk = scan_rev(v, do, q; dS_T^T): dk_j = sum_{i>=j} (do_i . v_j) e^{A_i-A_j} q_i
+                                             + e^{A_T-A_j} dS_T v_j
+    dv = scan_rev(k, q, do; dS_T), whose end state is dS0
+    dA_t = q_t . dq_t - k_t . dk_t (+ <S_T, dS_T> at the last token)
+    dlog_decay = reverse cumsum of dA over L
+
+(``dA_t`` is the row sum minus the column sum of ``W * (do v^T)``.) For LION's symmetric mask
+``M_ij = exp(-|A_i - A_j|)``: ``dq = Bidir(do, v, k)``, ``dk = Bidir(v, do, q)``,
+``dv = Bidir(k, q, do)``, and ``dA`` takes the causal part with + and the anti-causal part with -.
+The residuals are the inputs (and the final state): O(L d), never O(L^2).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.chunk_scan import chunk_scan
+
+_FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+# ----------------------------------------------------------------------------- causal core
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _causal(q, k, v, g, s0, cfg):
+    """``(y [B, Lp, H, V] v.dtype, S_T [B, H, K, V] f32)``; Lp a multiple of the chunk."""
+    return chunk_scan(q, k, v, g, s0, out_dtype=v.dtype, **cfg)
+
+
+def _causal_fwd(q, k, v, g, s0, cfg):
+    y, state = _causal(q, k, v, g, s0, cfg)
+    return (y, state), (q, k, v, g, s0, state)
+
+
+def _causal_bwd(cfg, res, cotangents):
+    q, k, v, g, s0, state = res
+    dy, d_state = cotangents
+    dy = dy.astype(v.dtype)
+    s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
+    dq, _ = chunk_scan(dy, v, k, g, s0_t, **cfg)
+    dk, _ = chunk_scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), reverse=True, **cfg)
+    dv, ds0 = chunk_scan(k, q, dy, g, d_state, reverse=True, **cfg)
+    dA = _dot_last(q, dq) - _dot_last(k, dk)
+    dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=(2, 3)))
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+            _reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
+
+
+_causal.defvjp(_causal_fwd, _causal_bwd)
+
+
+# ---------------------------------------------------------------------- bidirectional core
+
+
+def _bidir_scans(q, k, v, g, cfg, diagonal_in_forward=True):
+    """LION numerator ``sum_j (q_i . k_j) exp(-|A_i - A_j|) v_j`` as its (causal j <= i,
+    anti-causal j > i) float32 parts; the diagonal goes to the reverse part if not forward."""
+    forward, _ = chunk_scan(q, k, v, g, strict=not diagonal_in_forward, **cfg)
+    backward, _ = chunk_scan(q, k, v, g, reverse=True, strict=diagonal_in_forward, **cfg)
+    return forward, backward
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _bidir(q, k, v, g, cfg):
+    """LION numerator ``[B, Lp, H, V]`` float32; Lp a multiple of the chunk."""
+    forward, backward = _bidir_scans(q, k, v, g, cfg)
+    return forward + backward
+
+
+def _bidir_fwd(q, k, v, g, cfg):
+    return _bidir(q, k, v, g, cfg), (q, k, v, g)
+
+
+def _bidir_bwd(cfg, res, dy):
+    q, k, v, g = res
+    dy = dy.astype(v.dtype)
+    dq_f, dq_b = _bidir_scans(dy, v, k, g, cfg)
+    # k_j is the key of output i: its causal part (i >= j) is the reverse scan over i.
+    dk_b, dk_f = _bidir_scans(v, dy, q, g, cfg, diagonal_in_forward=False)
+    dv_f, dv_b = _bidir_scans(k, q, dy, g, cfg)
+    dA = (_dot_last(q, dq_f) - _dot_last(k, dk_f)) - (_dot_last(q, dq_b) - _dot_last(k, dk_b))
+    return ((dq_f + dq_b).astype(q.dtype), (dk_f + dk_b).astype(k.dtype),
+            (dv_f + dv_b).astype(v.dtype), _reverse_cumsum(dA).astype(g.dtype))
+
+
+_bidir.defvjp(_bidir_fwd, _bidir_bwd)
+
+
+def _dot_last(a, b):
+    return jnp.sum(a.astype(jnp.float32) * b.astype(jnp.float32), axis=-1)
+
+
+def _reverse_cumsum(x):
+    """``out_t = sum_{s >= t} x_s`` over axis 1."""
+    return jnp.flip(jnp.cumsum(jnp.flip(x, 1), axis=1), 1)
+
+
+# -------------------------------------------------------------------------- public API
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64):
+    """Why the kernels cannot take these inputs, or None when they can.
+
+    The message names the argument and the expected shape or range; the public functions raise
+    it as a ValueError, and ``lion_jax.ops`` (impl="auto") uses it to pick another form.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            return f"{name} must be [B, L, H, D]; got shape {x.shape}"
+        if x.dtype not in _FLOATS:
+            return f"{name} must be float32, bfloat16 or float16; got {x.dtype}"
+        if not 16 <= x.shape[-1] <= 256:
+            return f"{name} head dim must be in [16, 256]; got {x.shape[-1]}"
+    if k.shape != q.shape:
+        return f"k must have q's shape {q.shape}; got {k.shape}"
+    if v.shape[:3] != q.shape[:3]:
+        return f"v must be [B, L, H, V] = {q.shape[:3]} + (V,); got {v.shape}"
+    if q.shape[1] < 1:
+        return f"q must have at least one token; got shape {q.shape}"
+    if log_decay is not None:
+        if log_decay.shape != q.shape[:3]:
+            return (f"log_decay must be [B, L, H] = {q.shape[:3]} (per token and head; "
+                    f"per-feature decay is not supported by the kernels) or None; got "
+                    f"{log_decay.shape}")
+        if not jnp.issubdtype(log_decay.dtype, jnp.floating):
+            return f"log_decay must be a float array; got {log_decay.dtype}"
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        return f"chunk_size must be a power of two >= 16; got {chunk_size}"
+    return None
+
+
+def _check_inputs(q, k, v, log_decay, chunk_size):
+    """Raises ValueError naming the argument for unsupported shapes, dtypes or sizes."""
+    reason = unsupported_reason(q, k, v, log_decay, chunk_size=chunk_size)
+    if reason is not None:
+        raise ValueError(f"pallas_kernels: {reason}")
+
+
+def _prepare(q, k, v, log_decay, chunk_size, interpret):
+    """Common dtype, padding of L to a multiple of the chunk, and the static kernel config."""
+    L = q.shape[1]
+    chunk = min(chunk_size, max(16, _next_pow2(L)))
+    pad = -L % chunk
+    dtype = jnp.result_type(q, k, v)
+    if log_decay is None:
+        log_decay = jnp.zeros(q.shape[:3], jnp.float32)
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q, k, v = (jnp.pad(x.astype(dtype), widths) for x in (q, k, v))
+    g = jnp.pad(log_decay.astype(jnp.float32), widths[:3])
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    cfg = dict(chunk=chunk, block_v=64, interpret=bool(interpret))
+    return q, k, v, g, cfg
+
+
+def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_state=None,
+                            return_final_state=False, interpret=None):
+    """Causal chunked linear attention with per-token scalar decay (Pallas kernel).
+
+    ``y_i = sum_{j<=i} (q_i . k_j) exp(A_i - A_j) v_j + exp(A_i) q_i^T S0`` with
+    ``A = cumsum(log_decay)``.
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; float32, bfloat16 or float16, head dims in
+        [16, 256]; any L >= 1 (padded internally to a multiple of the chunk).
+      log_decay: None (no decay) or ``[B, L, H]``, entries ``<= 0`` (float32 math).
+      chunk_size: tokens per chunk, a power of two >= 16 (smaller for short L).
+      initial_state: None or ``[B, H, K, V]`` (float32), the state before the first token.
+      return_final_state: also return the state after token L.
+      interpret: run the Pallas interpreter; None means "when the default backend is CPU".
+    Returns:
+      ``y [B, L, H, V]`` in v.dtype, or ``(y, final_state [B, H, K, V] float32)``.
+    """
+    _check_inputs(q, k, v, log_decay, chunk_size)
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    if initial_state is not None and initial_state.shape != (B, H, K, V):
+        raise ValueError(f"initial_state must be [B, H, K, V] = {(B, H, K, V)}; "
+                         f"got {initial_state.shape}")
+    out_dtype = v.dtype
+    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret)
+    s0 = None if initial_state is None else initial_state.astype(jnp.float32)
+    y, state = _causal(q, k, v, g, s0, cfg)
+    y = y[:, :L].astype(out_dtype)
+    return (y, state) if return_final_state else y
+
+
+def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6,
+                                   chunk_size=64, interpret=None):
+    """LION bidirectional chunked linear attention (Pallas kernel).
+
+    ``M_ij = exp(-|A_i - A_j|)``, ``s_ij = q_i . k_j``; with ``normalize`` the output is
+    ``y_i = sum_j s_ij M_ij v_j / (sum_j s_ij M_ij + eps)``, else only the numerator.
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; float32, bfloat16 or float16, head dims in
+        [16, 256]; any L >= 1.
+      log_decay: None (no decay) or ``[B, L, H]``, entries ``<= 0``.
+      normalize: divide by the masked row sums (LION's scaling).
+      eps: added to the denominator.
+      chunk_size: tokens per chunk, a power of two >= 16.
+      interpret: run the Pallas interpreter; None means "when the default backend is CPU".
+    Returns:
+      ``y [B, L, H, V]`` in v.dtype.
+    """
+    _check_inputs(q, k, v, log_decay, chunk_size)
+    L, V = q.shape[1], v.shape[-1]
+    out_dtype = v.dtype
+    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret)
+    if normalize:  # a ones column in V carries the denominator through the same kernel
+        v = jnp.concatenate([v, jnp.ones(v.shape[:3] + (1,), v.dtype)], axis=-1)
+    y = _bidir(q, k, v, g, cfg)[:, :L]
+    if normalize:
+        y = y[..., :V] / (y[..., V:] + eps)
+    return y.astype(out_dtype)

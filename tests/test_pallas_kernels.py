@@ -1,0 +1,228 @@
+"""pallas_kernels against the materialized reference (lion_jax.ops, impl="attention", float64).
+
+CPU (default): the kernels run in the Pallas interpreter. GPU: ``LION_TEST_GPU=1 pytest
+tests/test_pallas_kernels.py`` compiles them with Triton. Errors are ``||a - b|| / ||b||``
+(for bf16/fp16 that is the relative RMS error, FLA's metric) against a float64 reference on the
+same (rounded) inputs; forward outputs and the gradients of a random linear loss.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels
+from lion_jax import ops
+
+ON_GPU = jax.default_backend() == "gpu"
+# float32: exact float32 dots (no TF32); the GPU bound is looser for reordered accumulation.
+TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5e-3}
+# d log_decay is the reverse cumsum over L of q_t.dq_t - k_t.dk_t (+ <S_T, dS_T> at the end):
+# O(1) terms that cancel to a small result, so their float32 rounding (~1e-7 each) adds up.
+# Measured in interpret mode with log_decay ~ U[-20, 0]: 2e-6 to 3e-5; mild decay: ~1e-6.
+DLOG_DECAY_TOL_F32 = 1e-4
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.all(np.isfinite(a)), "non-finite values in the kernel's result"
+    norm = np.linalg.norm(b)
+    if norm == 0:  # e.g. dlog_decay at L=1: compare the absolute RMS error instead
+        return float(np.linalg.norm(a) / np.sqrt(a.size))
+    return float(np.linalg.norm(a - b) / norm)
+
+
+def make_inputs(rng, B, L, H, K, V, dtype, decay, positive=False):
+    """q, k, v in ``dtype``; log_decay float32 or None. decay in {none, zero, mild, strong}."""
+    def normal(*shape):
+        x = rng.standard_normal(shape)
+        return jnp.asarray(np.abs(x) if positive else x, dtype)
+    q, k, v = normal(B, L, H, K) / np.sqrt(K), normal(B, L, H, K), normal(B, L, H, V)
+    low = {"none": None, "zero": 0.0, "mild": -0.5, "strong": -20.0}[decay]
+    g = None if low is None else jnp.asarray(rng.uniform(low, 0.0, (B, L, H)), jnp.float32)
+    return q, k, v, g
+
+
+def f64(x):
+    return None if x is None else jnp.asarray(np.asarray(x, np.float64))
+
+
+def check_close(got, want, dtype, what):
+    for name, a, b in zip(what, got, want):
+        err = rel_err(a, b)
+        tol = TOL[dtype]
+        if name == "dlog_decay" and dtype == jnp.float32:
+            tol = max(tol, DLOG_DECAY_TOL_F32)
+        print(f"{name}: rel err {err:.2e}")
+        assert err <= tol, f"{name}: relative error {err:.3e} > {tol}"
+
+
+def loss_and_grads(fn, args, cotangents):
+    """Gradient of ``sum(out * cotangent)`` over every output, wrt every non-None arg."""
+    argnums = tuple(i for i, a in enumerate(args) if a is not None)
+
+    def loss(*a):
+        outs = fn(*a)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return sum(jnp.sum(o.astype(c.dtype) * c) for o, c in zip(outs, cotangents))
+    return jax.grad(loss, argnums)(*args), argnums
+
+
+CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state
+    (1, 16, 32, 16, "mild", False),
+    (37, 32, 16, 16, "none", True),
+    (100, 16, 32, 32, "strong", True),
+    (130, 32, 16, 32, "zero", False),
+    (64, 16, 16, 16, "mild", True),
+]
+
+
+@pytest.mark.parametrize("L,K,V,chunk,decay,with_s0", CAUSAL_CASES)
+def test_causal_forward_and_grads(rng, L, K, V, chunk, decay, with_s0):
+    B, H = 2, 2
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, decay)
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) if with_s0 else None
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)))
+    ds = jnp.asarray(rng.standard_normal((B, H, K, V)))
+
+    def kernel(q, k, v, g, s0):
+        return pallas_kernels.causal_linear_attention(
+            q, k, v, g, chunk_size=chunk, initial_state=s0, return_final_state=True)
+
+    def reference(q, k, v, g, s0):
+        return ops.causal_linear_attention(q, k, v, g, impl="attention", initial_state=s0,
+                                           return_final_state=True)
+
+    args = (q, k, v, g, s0)
+    got = kernel(*args)
+    got_grads, argnums = loss_and_grads(kernel, args, (dy.astype(jnp.float32),
+                                                       ds.astype(jnp.float32)))
+    with jax.enable_x64(True):
+        args64 = tuple(f64(a) for a in args)
+        want = reference(*args64)
+        want_grads, _ = loss_and_grads(reference, args64, (f64(dy), f64(ds)))
+    names = "q k v log_decay initial_state".split()
+    check_close(got, want, jnp.float32, ["y", "final_state"])
+    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
+
+
+BIDIR_CASES = [  # L, K, V, chunk, decay, normalize
+    (1, 16, 32, 16, "mild", False),  # normalised at L=1 the gradients are ~eps: ill-posed
+    (37, 32, 16, 16, "strong", False),
+    (100, 16, 32, 32, "none", True),
+    (130, 32, 16, 32, "mild", True),
+    (130, 16, 16, 16, "zero", False),
+]
+
+
+@pytest.mark.parametrize("L,K,V,chunk,decay,normalize", BIDIR_CASES)
+def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize):
+    B, H = 2, 2
+    # LION's feature maps are positive; with signed q, k the normaliser crosses zero.
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, decay, positive=normalize)
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)))
+
+    def kernel(q, k, v, g):
+        return pallas_kernels.bidirectional_linear_attention(q, k, v, g, normalize=normalize,
+                                                             chunk_size=chunk)
+
+    def reference(q, k, v, g):
+        return ops.lion_attention(q, k, v, g, normalize=normalize, impl="attention")
+
+    args = (q, k, v, g)
+    got = kernel(*args)
+    got_grads, argnums = loss_and_grads(kernel, args, (dy.astype(jnp.float32),))
+    with jax.enable_x64(True):
+        args64 = tuple(f64(a) for a in args)
+        want = reference(*args64)
+        want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
+    names = "q k v log_decay".split()
+    check_close([got], [want], jnp.float32, ["y"])
+    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_half_precision(rng, dtype, bidirectional):
+    """bf16/fp16 inputs: relative RMS error <= 5e-3 against float64 on the rounded inputs."""
+    B, L, H, K, V = 1, 100, 2, 32, 16
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, dtype, "mild", positive=bidirectional)
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
+    if bidirectional:
+        kernel = lambda *a: pallas_kernels.bidirectional_linear_attention(*a, chunk_size=32)
+        reference = lambda *a: ops.lion_attention(*a, impl="attention")
+    else:
+        kernel = lambda *a: pallas_kernels.causal_linear_attention(*a, chunk_size=32)
+        reference = lambda *a: ops.causal_linear_attention(*a, impl="attention")
+    args = (q, k, v, g)
+    got = kernel(*args)
+    assert got.dtype == dtype
+    got_grads, _ = loss_and_grads(kernel, args, (dy,))
+    with jax.enable_x64(True):
+        args64 = tuple(f64(a) for a in args)
+        want = reference(*args64)
+        want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
+    check_close([got], [want], dtype, ["y"])
+    check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"])
+
+
+def test_final_state_continues_the_sequence(rng):
+    """Two calls chained through the state equal one call (partial last chunk in the first)."""
+    B, L, H, K, V, split = 1, 90, 2, 16, 32, 37
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "mild")
+    whole = pallas_kernels.causal_linear_attention(q, k, v, g, chunk_size=16)
+    y1, s = pallas_kernels.causal_linear_attention(q[:, :split], k[:, :split], v[:, :split],
+                                                   g[:, :split], chunk_size=16,
+                                                   return_final_state=True)
+    y2 = pallas_kernels.causal_linear_attention(q[:, split:], k[:, split:], v[:, split:],
+                                                g[:, split:], chunk_size=16, initial_state=s)
+    assert rel_err(jnp.concatenate([y1, y2], axis=1), whole) <= TOL[jnp.float32]
+
+
+def test_head_dim_not_a_power_of_two(rng):
+    B, L, H, K, V = 1, 40, 2, 24, 40
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "mild")
+    got = pallas_kernels.causal_linear_attention(q, k, v, g, chunk_size=16)
+    with jax.enable_x64(True):
+        want = ops.causal_linear_attention(f64(q), f64(k), f64(v), f64(g), impl="attention")
+    assert rel_err(got, want) <= TOL[jnp.float32]
+
+
+@pytest.mark.parametrize("call,kwargs,match", [
+    ("causal", dict(q_shape=(1, 8, 2)), "q must be"),
+    ("causal", dict(k_shape=(1, 8, 2, 32)), "k must have"),
+    ("causal", dict(v_shape=(1, 9, 2, 16)), "v must be"),
+    ("causal", dict(q_shape=(1, 8, 2, 8), k_shape=(1, 8, 2, 8)), "head dim"),
+    ("causal", dict(g_shape=(1, 8, 2, 16)), "log_decay must be"),
+    ("causal", dict(chunk_size=48), "chunk_size"),
+    ("causal", dict(s0_shape=(1, 2, 16, 8)), "initial_state must be"),
+    ("bidir", dict(dtype=jnp.int32), "float32, bfloat16 or float16"),
+])
+def test_invalid_inputs(call, kwargs, match):
+    dtype = kwargs.get("dtype", jnp.float32)
+    q = jnp.zeros(kwargs.get("q_shape", (1, 8, 2, 16)), dtype)
+    k = jnp.zeros(kwargs.get("k_shape", q.shape), dtype)
+    v = jnp.zeros(kwargs.get("v_shape", (1, 8, 2, 16)), dtype)
+    g = jnp.zeros(kwargs.get("g_shape", (1, 8, 2)), jnp.float32)
+    with pytest.raises(ValueError, match=match):
+        if call == "causal":
+            s0 = jnp.zeros(kwargs["s0_shape"]) if "s0_shape" in kwargs else None
+            pallas_kernels.causal_linear_attention(
+                q, k, v, g, chunk_size=kwargs.get("chunk_size", 16), initial_state=s0)
+        else:
+            pallas_kernels.bidirectional_linear_attention(q, k, v, g)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="L=65536 needs the compiled kernels (GPU)")
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_long_sequence_strongest_decay_is_finite(rng, bidirectional):
+    B, L, H, K, V = 1, 65536, 2, 64, 64
+    q, k, v, _ = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, "none", positive=True)
+    g = jnp.full((B, L, H), -20.0, jnp.float32)
+    fn = (pallas_kernels.bidirectional_linear_attention if bidirectional
+          else pallas_kernels.causal_linear_attention)
+    y, grads = jax.value_and_grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)),
+                                  (0, 1, 2, 3))(q, k, v, g)
+    assert np.isfinite(float(y))
+    for x in grads:
+        assert np.all(np.isfinite(np.asarray(x, np.float32)))
