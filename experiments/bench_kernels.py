@@ -1,11 +1,13 @@
 """Benchmark the Pallas linear-attention kernels against FLA, cuDNN flash attention and XLA.
 
-    python -m experiments.bench_kernels --out workdir/bench_kernels [--lengths 1024,4096]
-        [--dims 64,128] [--quick]
+    python -m experiments.bench_kernels --out workdir/bench_kernels [--lengths 4096,16384]
+        [--dims 64,128] [--quick] [--deadline 500] [--fla-autotune-configs 1]
 
 Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
   ours      pallas_kernels.causal_linear_attention (per-token log_decay) and
-            pallas_kernels.bidirectional_linear_attention (LION, per-token decay, normalised)
+            pallas_kernels.bidirectional_linear_attention (LION, per-token decay, normalised),
+            each with algorithm="sequential" (_seq) and "two_pass" (_2pass); the causal op with
+            per-feature decay [B, L, H, K] (pallas_causal_per_feature, GLA-style)
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
@@ -14,7 +16,11 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
 Median of ``--reps`` timed calls after warm-up: JAX with block_until_ready around each call,
 torch with CUDA events. Memory: XLA's compiled temp + output bytes for JAX, the peak allocated
 above the inputs for torch. Prints a table and writes results.json, results.md and
-results.png under --out. Needs a GPU (and torch + fla-core for the FLA rows).
+results.png under --out (rewritten after every row, so a timeout keeps what was measured).
+``--deadline`` stops starting new measurements once that many seconds have passed;
+``--fla-autotune-configs N`` keeps only the first N configs of every Triton autotuner (FLA's
+autotuning otherwise takes most of a short GPU call; FLA rows are then possibly slower than
+fully tuned). Needs a GPU (and torch + fla-core for the FLA rows).
 """
 
 import argparse
@@ -72,17 +78,25 @@ def time_torch(fn, reps):
     return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def jax_cases():
-    """{name: (fn(q, k, v, g), supports backward)} for the JAX ops of this shape."""
-    cases = {
-        "pallas_causal": lambda q, k, v, g: pallas_kernels.causal_linear_attention(q, k, v, g),
-        "pallas_lion": lambda q, k, v, g: pallas_kernels.bidirectional_linear_attention(
-            q, k, v, g),
+def jax_cases(quick):
+    """{name: fn(q, k, v, g)} for the JAX ops of this shape (g: [B, L, H] log-decays)."""
+    cases = {}
+    for short, algorithm in (("seq", "sequential"), ("2pass", "two_pass")):
+        cases[f"pallas_causal_{short}"] = lambda q, k, v, g, a=algorithm: (
+            pallas_kernels.causal_linear_attention(q, k, v, g, algorithm=a))
+        cases[f"pallas_lion_{short}"] = lambda q, k, v, g, a=algorithm: (
+            pallas_kernels.bidirectional_linear_attention(q, k, v, g, algorithm=a))
+    if quick:
+        return cases
+    cases["pallas_causal_per_feature"] = lambda q, k, v, g: (
+        pallas_kernels.causal_linear_attention(
+            q, k, v, jnp.broadcast_to(g[..., None], q.shape)))
+    cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),
         "cudnn_full": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, implementation="cudnn"),
-    }
+    })
     try:
         from lion_jax import ops
         cases["xla_chunk_causal"] = lambda q, k, v, g: ops.causal_linear_attention(
@@ -91,6 +105,16 @@ def jax_cases():
     except (ImportError, AttributeError) as e:
         print(f"note: lion_jax.ops chunk forms unavailable ({e}); XLA rows skipped")
     return cases
+
+
+def cap_triton_autotune(n):
+    """Keeps only the first ``n`` configs of every Triton autotuner created from now on."""
+    from triton.runtime import autotuner
+    init = autotuner.Autotuner.__init__
+
+    def capped(self, fn, arg_names, configs, *args, **kwargs):
+        init(self, fn, arg_names, configs[:n], *args, **kwargs)
+    autotuner.Autotuner.__init__ = capped
 
 
 def torch_cases():
@@ -121,21 +145,25 @@ def inputs(B, L, H, D, rng):
     return [x.astype(np.float32) for x in (q, k, v, dy, g)]
 
 
-def bench_shape(B, L, H, D, reps, rng, rows):
+def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save):
+    """Measures every op at one shape; appends to rows and calls save() after each row."""
     q, k, v, dy, g = inputs(B, L, H, D, rng)
     jq, jk, jv, jdy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
     jg = jnp.asarray(g)
-    for name, fn in jax_cases().items():
+    for name, fn in jax_cases(quick).items():
         fwd_bwd = lambda q, k, v, g, fn=fn: jax.vjp(fn, q, k, v, g)[1](jdy)
         for kind, f in (("fwd", fn), ("fwd+bwd", fwd_bwd)):
+            if out_of_time():
+                return
             try:
                 ms, mib = time_jax(f, (jq, jk, jv, jg), reps)
             except Exception as e:  # a baseline that does not run here is reported, not fatal
                 print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
                 continue
             rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, mib=mib))
-            print(f"{name:22s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib or 0:9.1f} MiB",
+            print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib or 0:9.1f} MiB",
                   flush=True)
+            save()
 
     cases = torch_cases()
     if not cases:
@@ -156,14 +184,17 @@ def bench_shape(B, L, H, D, reps, rng, rows):
             fn(*leaves, tg, gamma).backward(tdy)
 
         for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd))[:2 if has_bwd else 1]:
+            if out_of_time():
+                return
             try:
                 ms, mib = time_torch(f, reps)
             except Exception as e:
                 print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
                 continue
             rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, mib=mib))
-            print(f"{name:22s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib:9.1f} MiB",
+            print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib:9.1f} MiB",
                   flush=True)
+            save()
 
 
 def cross_check_with_fla(rng):
@@ -204,14 +235,13 @@ def sweep(B, L, H, dims, reps, rng):
 
 
 RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
-    ("pallas_causal", "fla_simple_gla_gamma"),
-    ("pallas_causal", "fla_simple_gla_g"),
-    ("pallas_causal", "fla_linear_attn"),
-    ("pallas_causal", "cudnn_causal"),
-    ("pallas_causal", "xla_chunk_causal"),
-    ("pallas_lion", "cudnn_full"),
-    ("pallas_lion", "xla_chunk_lion"),
-]
+    ("pallas_causal_2pass", "pallas_causal_seq"),
+    ("pallas_lion_2pass", "pallas_lion_seq"),
+] + [(f"pallas_causal_{a}", peer) for a in ("seq", "2pass")
+     for peer in ("fla_simple_gla_gamma", "fla_simple_gla_g", "fla_linear_attn", "cudnn_causal",
+                  "xla_chunk_causal")] + [
+    (f"pallas_lion_{a}", peer) for a in ("seq", "2pass")
+    for peer in ("cudnn_full", "xla_chunk_lion")]
 
 
 def markdown(rows, header):
@@ -272,17 +302,36 @@ def plot(rows, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="workdir/bench_kernels")
-    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
+    parser.add_argument("--lengths", default="4096,16384,32768,1024,8192")
     parser.add_argument("--dims", default="64,128")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--quick", action="store_true", help="L=4096, D=64 only")
+    parser.add_argument("--quick", action="store_true",
+                        help="L=4096,16384, D=64, our kernels and FLA only, 5 reps")
+    parser.add_argument("--deadline", type=float, default=0, metavar="S",
+                        help="start no new measurement after S seconds (0: no limit)")
+    parser.add_argument("--fla-autotune-configs", type=int, default=0, metavar="N",
+                        help="keep only the first N configs of each Triton autotuner (0: all)")
     parser.add_argument("--sweep", type=int, default=0, metavar="L",
                         help="first time the causal kernel's block settings at this L")
     args = parser.parse_args()
-    lengths = [4096] if args.quick else [int(x) for x in args.lengths.split(",")]
+    lengths = [4096, 16384] if args.quick else [int(x) for x in args.lengths.split(",")]
     dims = [64] if args.quick else [int(x) for x in args.dims.split(",")]
+    reps = 5 if args.quick else args.reps
+    start = time.perf_counter()
+
+    def out_of_time():
+        late = args.deadline and time.perf_counter() - start > args.deadline
+        if late:
+            print(f"deadline of {args.deadline} s reached: stopping", flush=True)
+        return late
+
+    if args.fla_autotune_configs:
+        try:
+            cap_triton_autotune(args.fla_autotune_configs)
+        except ImportError:
+            pass
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(0)
     device = jax.devices()[0].device_kind
@@ -291,20 +340,27 @@ def main():
     if err is not None:
         print(f"cross-check: our causal forward vs FLA chunk_simple_gla(g): rel RMS {err:.2e}")
     if args.sweep:
-        sweep(args.batch, args.sweep, args.heads, dims, args.reps, rng)
+        sweep(args.batch, args.sweep, args.heads, dims, reps, rng)
     header = (f"Device {device}, jax {jax.__version__}, B={args.batch}, H={args.heads}, bf16, "
-              f"median of {args.reps}; FLA cross-check rel RMS {err}")
+              f"median of {reps}; FLA cross-check rel RMS {err}; FLA autotune configs capped "
+              f"at {args.fla_autotune_configs or 'no cap'}")
     rows = []
-    for D in dims:
-        for L in lengths:
-            bench_shape(args.batch, L, args.heads, D, args.reps, rng, rows)
-            table = markdown(rows, header)  # written after every shape: a timeout keeps them
-            with open(os.path.join(args.out, "results.json"), "w") as f:
-                json.dump(dict(device=device, rows=rows, fla_cross_check=err), f, indent=1)
-            with open(os.path.join(args.out, "results.md"), "w") as f:
-                f.write(table + "\n")
-    plot(rows, os.path.join(args.out, "results.png"))
-    print(table)
+
+    def save():
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(dict(device=device, rows=rows, fla_cross_check=err), f, indent=1)
+        with open(os.path.join(args.out, "results.md"), "w") as f:
+            f.write(markdown(rows, header) + "\n")
+
+    for L in lengths:
+        for D in dims:
+            if out_of_time():
+                break
+            bench_shape(args.batch, L, args.heads, D, reps, rng, rows, args.quick, out_of_time,
+                        save)
+    if rows:
+        plot(rows, os.path.join(args.out, "results.png"))
+        print(markdown(rows, header))
 
 
 if __name__ == "__main__":

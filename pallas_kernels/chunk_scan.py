@@ -13,7 +13,8 @@ the state the scan ends with: ``S = sum_j exp(A_T - A_j) k_j v_j^T + exp(A_T) S0
 
 Causal attention is the forward scan; LION's bidirectional attention is a forward scan plus a
 strict reverse scan; every gradient is again one of these scans with the arguments permuted (see
-``linear_attention.py``), so this is the only kernel there is.
+``linear_attention.py``). ``two_pass.py`` computes the same scan chunk-parallel from this
+module's per-chunk helpers (``chunk_decays``, ``chunk_output``, ``chunk_update``).
 
 Algorithm (Lightning Attention-2, generalised to per-token decay). Per chunk of C tokens with
 chunk-local cumulative decay ``b_i`` (sum of log_decay from the chunk start to i, inclusive;
@@ -54,6 +55,55 @@ def _pad_axis(x, axis, size):
     return jnp.pad(x, widths)
 
 
+def chunk_decays(a, *, reverse):
+    """Chunk-local decay exponents (all ``<= 0``) of one chunk's log-decays ``a [C]`` float32.
+
+    Returns ``(seg [C, C], head [C], tail [C])``: forward ``seg[i, j] = sum_{j < s <= i} a_s``,
+    reverse ``seg[i, j] = sum_{i < s <= j} a_s`` (0 outside that triangle), ``head_i = sum_{s <=
+    i} a_s`` (from the chunk start) and ``tail_j = sum_{s > j} a_s`` (to the chunk end), each
+    summed over its own segment (a masked cumsum) instead of differenced.
+    """
+    idx = jnp.arange(a.shape[0])
+    rows, cols = idx[:, None], idx[None, :]
+    last = a.shape[0] - 1
+    if reverse:
+        seg = jnp.cumsum(jnp.where(cols > rows, a[None, :], 0.0), axis=1)
+        tail = jnp.sum(jnp.where(cols == last, seg, 0.0), axis=1)
+    else:
+        seg = jnp.cumsum(jnp.where(rows > cols, a[:, None], 0.0), axis=0)
+        tail = jnp.sum(jnp.where(rows == last, seg, 0.0), axis=0)
+    return seg, jnp.cumsum(a), tail
+
+
+def chunk_output(q, k, v, a, state, *, reverse, strict, precision):
+    """One chunk's outputs ``[C, BV]`` float32: the intra-chunk term plus the entering state's.
+
+    q, k ``[C, Kp]`` and v ``[C, BV]`` in the input dtype, ``a [C]`` float32 log-decays,
+    ``state [Kp, BV]`` float32 (the state entering the chunk in the scan's direction).
+    """
+    dtype = q.dtype
+    idx = jnp.arange(a.shape[0])
+    rows, cols = idx[:, None], idx[None, :]
+    if reverse:
+        mask = rows < cols if strict else rows <= cols
+    else:
+        mask = rows > cols if strict else rows >= cols
+    seg, head, tail = chunk_decays(a, reverse=reverse)
+    decay = jnp.exp(jnp.where(mask, seg, -jnp.inf))
+    scores = pltriton.dot(q, k, trans_b=True, precision=precision) * decay
+    out = pltriton.dot(scores.astype(dtype), v, precision=precision)
+    q_dec = (q * jnp.exp(tail if reverse else head)[:, None]).astype(dtype)
+    return out + pltriton.dot(q_dec, state.astype(dtype), precision=precision)
+
+
+def chunk_update(k, v, a, *, reverse, precision):
+    """One chunk's contribution to the state, ``(K * exp(tail))^T V`` (reverse: ``exp(head)``),
+    ``[Kp, BV]`` float32; the state leaving the chunk is ``exp(sum(a)) * state + this``."""
+    _, head, tail = chunk_decays(a, reverse=reverse)
+    k_dec = (k * jnp.exp(head if reverse else tail)[:, None]).astype(k.dtype)
+    return pltriton.dot(k_dec, v, trans_a=True, precision=precision)
+
+
 def _kernel(q_ref, k_ref, v_ref, g_ref, s0_ref, o_ref, s_ref, *, chunk, num_chunks, reverse,
             strict, precision):
     """One (batch, head, V-block) program.
@@ -61,41 +111,15 @@ def _kernel(q_ref, k_ref, v_ref, g_ref, s0_ref, o_ref, s_ref, *, chunk, num_chun
     Refs: q, k ``[Lp, Kp]``; v, o ``[Lp, BV]``; g (log_decay) ``[Lp]``; s0, s ``[Kp, BV]``.
     s0_ref is None when the scan starts from zero.
     """
-    idx = jnp.arange(chunk)
-    rows, cols = idx[:, None], idx[None, :]
-    if reverse:
-        mask = rows < cols if strict else rows <= cols
-    else:
-        mask = rows > cols if strict else rows >= cols
-    dtype = q_ref.dtype
-
     def body(step, state):
         n = num_chunks - 1 - step if reverse else step
         sl = pl.ds(n * chunk, chunk)
-        q = q_ref[sl, :]
-        k = k_ref[sl, :]
-        v = v_ref[sl, :]
+        k, v = k_ref[sl, :], v_ref[sl, :]
         a = g_ref[sl].astype(jnp.float32)
-        # Segment sums summed directly (not as differences of a cumsum, which lose ~ulp(|b|)
-        # when the decay is strong): forward seg[i, j] = sum_{j < s <= i} a_s, reverse
-        # seg[i, j] = sum_{i < s <= j} a_s; zero outside. tail_j = sum_{s > j} a_s = b_C - b_j.
-        if reverse:
-            seg = jnp.cumsum(jnp.where(cols > rows, a[None, :], 0.0), axis=1)
-            tail = jnp.sum(jnp.where(cols == chunk - 1, seg, 0.0), axis=1)
-        else:
-            seg = jnp.cumsum(jnp.where(rows > cols, a[:, None], 0.0), axis=0)
-            tail = jnp.sum(jnp.where(rows == chunk - 1, seg, 0.0), axis=0)
-        head = jnp.cumsum(a)  # b_i = sum_{s <= i} a_s, decay from the chunk start
-        decay = jnp.exp(jnp.where(mask, seg, -jnp.inf))
-        scores = pltriton.dot(q, k, trans_b=True, precision=precision) * decay
-        q_scale, k_scale = (tail, head) if reverse else (head, tail)
-        q_scale, k_scale = jnp.exp(q_scale), jnp.exp(k_scale)
-        out = pltriton.dot(scores.astype(dtype), v, precision=precision)
-        q_dec = (q * q_scale[:, None]).astype(dtype)
-        out += pltriton.dot(q_dec, state.astype(dtype), precision=precision)
+        out = chunk_output(q_ref[sl, :], k, v, a, state, reverse=reverse, strict=strict,
+                           precision=precision)
         o_ref[sl, :] = out.astype(o_ref.dtype)
-        k_dec = (k * k_scale[:, None]).astype(dtype)
-        update = pltriton.dot(k_dec, v, trans_a=True, precision=precision)
+        update = chunk_update(k, v, a, reverse=reverse, precision=precision)
         return jnp.exp(jnp.sum(a)) * state + update
 
     if s0_ref is None:

@@ -18,6 +18,16 @@ Every forward and backward pass is a handful of calls of one kernel,
 ``M_ij = exp(-|A_i - A_j|)``: ``dq = Bidir(do, v, k)``, ``dk = Bidir(v, do, q)``,
 ``dv = Bidir(k, q, do)``, and ``dA`` takes the causal part with + and the anti-causal part with -.
 The residuals are the inputs (and the final state): O(L d), never O(L^2).
+
+Per-feature decay ``[B, L, H, K]`` (causal only; ``per_feature.py``): ``y`` is the key-decay scan
+and, with the decay now on the state's K axis, ``dq = scan_value(do, v, k; S0^T)``,
+``dk = scan_value_rev(v, do, q; dS_T^T)``, ``dv = scan_key_rev(k, q, do; dS_T)`` (end state
+``dS0``) and ``dA_t = q_t * dq_t - k_t * dk_t`` elementwise (``+ sum_v S_T * dS_T`` at the last
+token), reverse-cumsummed over L.
+
+Each scan runs as ``algorithm="sequential"`` (``chunk_scan``: one program per (b, h, V-block)
+walking the chunks) or ``"two_pass"`` (``two_pass.py``: chunk states, a prefix scan over chunks,
+chunk outputs, each chunk its own program); per-feature decay always uses the chunk-parallel form.
 """
 
 import functools
@@ -26,8 +36,19 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.chunk_scan import chunk_scan
+from pallas_kernels.per_feature import chunk_scan_per_feature
+from pallas_kernels.two_pass import chunk_scan_two_pass
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
+ALGORITHMS = ("sequential", "two_pass")
+# algorithm=None picks "two_pass" from this many chunks on (provisional: not yet measured).
+TWO_PASS_MIN_CHUNKS = 32
+
+
+def _scan(q, k, v, g, s0=None, *, algorithm, **kwargs):
+    """One decayed scan (``chunk_scan``'s arguments) with the configured algorithm."""
+    scan = chunk_scan if algorithm == "sequential" else chunk_scan_two_pass
+    return scan(q, k, v, g, s0, **kwargs)
 
 
 # ----------------------------------------------------------------------------- causal core
@@ -36,7 +57,7 @@ _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _causal(q, k, v, g, s0, cfg):
     """``(y [B, Lp, H, V] v.dtype, S_T [B, H, K, V] f32)``; Lp a multiple of the chunk."""
-    return chunk_scan(q, k, v, g, s0, out_dtype=v.dtype, **cfg)
+    return _scan(q, k, v, g, s0, out_dtype=v.dtype, **cfg)
 
 
 def _causal_fwd(q, k, v, g, s0, cfg):
@@ -49,9 +70,9 @@ def _causal_bwd(cfg, res, cotangents):
     dy, d_state = cotangents
     dy = dy.astype(v.dtype)
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
-    dq, _ = chunk_scan(dy, v, k, g, s0_t, **cfg)
-    dk, _ = chunk_scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), reverse=True, **cfg)
-    dv, ds0 = chunk_scan(k, q, dy, g, d_state, reverse=True, **cfg)
+    dq, _ = _scan(dy, v, k, g, s0_t, **cfg)
+    dk, _ = _scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), reverse=True, **cfg)
+    dv, ds0 = _scan(k, q, dy, g, d_state, reverse=True, **cfg)
     dA = _dot_last(q, dq) - _dot_last(k, dk)
     dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=(2, 3)))
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
@@ -61,14 +82,43 @@ def _causal_bwd(cfg, res, cotangents):
 _causal.defvjp(_causal_fwd, _causal_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _causal_per_feature(q, k, v, g, s0, cfg):
+    """As ``_causal`` with ``g [B, Lp, H, K]`` (per-feature decay)."""
+    return chunk_scan_per_feature(q, k, v, g, s0, out_dtype=v.dtype, **cfg)
+
+
+def _causal_per_feature_fwd(q, k, v, g, s0, cfg):
+    y, state = _causal_per_feature(q, k, v, g, s0, cfg)
+    return (y, state), (q, k, v, g, s0, state)
+
+
+def _causal_per_feature_bwd(cfg, res, cotangents):
+    q, k, v, g, s0, state = res
+    dy, d_state = cotangents
+    dy = dy.astype(v.dtype)
+    s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
+    dq, _ = chunk_scan_per_feature(dy, v, k, g, s0_t, decay_on="value", **cfg)
+    dk, _ = chunk_scan_per_feature(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), decay_on="value",
+                                   reverse=True, **cfg)
+    dv, ds0 = chunk_scan_per_feature(k, q, dy, g, d_state, reverse=True, **cfg)
+    dA = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
+    dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=3))
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+            _reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
+
+
+_causal_per_feature.defvjp(_causal_per_feature_fwd, _causal_per_feature_bwd)
+
+
 # ---------------------------------------------------------------------- bidirectional core
 
 
 def _bidir_scans(q, k, v, g, cfg, diagonal_in_forward=True):
     """LION numerator ``sum_j (q_i . k_j) exp(-|A_i - A_j|) v_j`` as its (causal j <= i,
     anti-causal j > i) float32 parts; the diagonal goes to the reverse part if not forward."""
-    forward, _ = chunk_scan(q, k, v, g, strict=not diagonal_in_forward, **cfg)
-    backward, _ = chunk_scan(q, k, v, g, reverse=True, strict=diagonal_in_forward, **cfg)
+    forward, _ = _scan(q, k, v, g, strict=not diagonal_in_forward, **cfg)
+    backward, _ = _scan(q, k, v, g, reverse=True, strict=diagonal_in_forward, **cfg)
     return forward, backward
 
 
@@ -114,8 +164,12 @@ def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64):
+def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64, bidirectional=False,
+                       algorithm=None):
     """Why the kernels cannot take these inputs, or None when they can.
+
+    ``log_decay`` may be ``[B, L, H]`` or, for the causal op (``bidirectional=False``), per
+    feature ``[B, L, H, K]``; ``algorithm`` must be None or one of :data:`ALGORITHMS`.
 
     The message names the argument and the expected shape or range; the public functions raise
     it as a ValueError, and ``lion_jax.ops`` (impl="auto") uses it to pick another form.
@@ -134,25 +188,29 @@ def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64):
     if q.shape[1] < 1:
         return f"q must have at least one token; got shape {q.shape}"
     if log_decay is not None:
-        if log_decay.shape != q.shape[:3]:
+        if bidirectional and log_decay.shape != q.shape[:3]:
             return (f"log_decay must be [B, L, H] = {q.shape[:3]} (per token and head; "
-                    f"per-feature decay is not supported by the kernels) or None; got "
-                    f"{log_decay.shape}")
+                    f"per-feature decay is causal only) or None; got {log_decay.shape}")
+        if log_decay.shape not in (q.shape[:3], q.shape):
+            return (f"log_decay must be [B, L, H] = {q.shape[:3]}, [B, L, H, K] = {q.shape} "
+                    f"(per feature) or None; got {log_decay.shape}")
         if not jnp.issubdtype(log_decay.dtype, jnp.floating):
             return f"log_decay must be a float array; got {log_decay.dtype}"
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         return f"chunk_size must be a power of two >= 16; got {chunk_size}"
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        return f"algorithm must be None or one of {ALGORITHMS}; got {algorithm!r}"
     return None
 
 
-def _check_inputs(q, k, v, log_decay, chunk_size):
+def _check_inputs(q, k, v, log_decay, chunk_size, **kwargs):
     """Raises ValueError naming the argument for unsupported shapes, dtypes or sizes."""
-    reason = unsupported_reason(q, k, v, log_decay, chunk_size=chunk_size)
+    reason = unsupported_reason(q, k, v, log_decay, chunk_size=chunk_size, **kwargs)
     if reason is not None:
         raise ValueError(f"pallas_kernels: {reason}")
 
 
-def _prepare(q, k, v, log_decay, chunk_size, interpret):
+def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None):
     """Common dtype, padding of L to a multiple of the chunk, and the static kernel config."""
     L = q.shape[1]
     chunk = min(chunk_size, max(16, _next_pow2(L)))
@@ -162,47 +220,55 @@ def _prepare(q, k, v, log_decay, chunk_size, interpret):
         log_decay = jnp.zeros(q.shape[:3], jnp.float32)
     widths = ((0, 0), (0, pad), (0, 0), (0, 0))
     q, k, v = (jnp.pad(x.astype(dtype), widths) for x in (q, k, v))
-    g = jnp.pad(log_decay.astype(jnp.float32), widths[:3])
+    g = jnp.pad(log_decay.astype(jnp.float32), widths[:log_decay.ndim])
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     cfg = dict(chunk=chunk, block_v=64, interpret=bool(interpret))
+    if log_decay.ndim == 3:  # per-feature decay has only the chunk-parallel form
+        if algorithm is None:
+            algorithm = "two_pass" if (L + pad) // chunk >= TWO_PASS_MIN_CHUNKS else "sequential"
+        cfg["algorithm"] = algorithm
     return q, k, v, g, cfg
 
 
 def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_state=None,
-                            return_final_state=False, interpret=None):
-    """Causal chunked linear attention with per-token scalar decay (Pallas kernel).
+                            return_final_state=False, interpret=None, algorithm=None):
+    """Causal chunked linear attention with per-token or per-feature decay (Pallas kernels).
 
-    ``y_i = sum_{j<=i} (q_i . k_j) exp(A_i - A_j) v_j + exp(A_i) q_i^T S0`` with
-    ``A = cumsum(log_decay)``.
+    ``y_i = sum_{j<=i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T + q_i^T diag(exp(A_i)) S0`` with
+    ``A = cumsum(log_decay)`` over L (a scalar per token and head, or per key feature).
 
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; float32, bfloat16 or float16, head dims in
         [16, 256]; any L >= 1 (padded internally to a multiple of the chunk).
-      log_decay: None (no decay) or ``[B, L, H]``, entries ``<= 0`` (float32 math).
+      log_decay: None (no decay), ``[B, L, H]`` or ``[B, L, H, K]``, entries ``<= 0``
+        (float32 math).
       chunk_size: tokens per chunk, a power of two >= 16 (smaller for short L).
       initial_state: None or ``[B, H, K, V]`` (float32), the state before the first token.
       return_final_state: also return the state after token L.
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
+      algorithm: "sequential", "two_pass" or None (two-pass from ``TWO_PASS_MIN_CHUNKS``
+        chunks on); per-feature decay always runs chunk-parallel.
     Returns:
       ``y [B, L, H, V]`` in v.dtype, or ``(y, final_state [B, H, K, V] float32)``.
     """
-    _check_inputs(q, k, v, log_decay, chunk_size)
+    _check_inputs(q, k, v, log_decay, chunk_size, algorithm=algorithm)
     B, L, H, K = q.shape
     V = v.shape[-1]
     if initial_state is not None and initial_state.shape != (B, H, K, V):
         raise ValueError(f"initial_state must be [B, H, K, V] = {(B, H, K, V)}; "
                          f"got {initial_state.shape}")
     out_dtype = v.dtype
-    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret)
+    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm)
     s0 = None if initial_state is None else initial_state.astype(jnp.float32)
-    y, state = _causal(q, k, v, g, s0, cfg)
+    core = _causal_per_feature if g.ndim == 4 else _causal
+    y, state = core(q, k, v, g, s0, cfg)
     y = y[:, :L].astype(out_dtype)
     return (y, state) if return_final_state else y
 
 
 def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6,
-                                   chunk_size=64, interpret=None):
+                                   chunk_size=64, interpret=None, algorithm=None):
     """LION bidirectional chunked linear attention (Pallas kernel).
 
     ``M_ij = exp(-|A_i - A_j|)``, ``s_ij = q_i . k_j``; with ``normalize`` the output is
@@ -216,13 +282,15 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
       eps: added to the denominator.
       chunk_size: tokens per chunk, a power of two >= 16.
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
+      algorithm: "sequential", "two_pass" or None (two-pass from ``TWO_PASS_MIN_CHUNKS``
+        chunks on).
     Returns:
       ``y [B, L, H, V]`` in v.dtype.
     """
-    _check_inputs(q, k, v, log_decay, chunk_size)
+    _check_inputs(q, k, v, log_decay, chunk_size, bidirectional=True, algorithm=algorithm)
     L, V = q.shape[1], v.shape[-1]
     out_dtype = v.dtype
-    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret)
+    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm)
     if normalize:  # a ones column in V carries the denominator through the same kernel
         v = jnp.concatenate([v, jnp.ones(v.shape[:3] + (1,), v.dtype)], axis=-1)
     y = _bidir(q, k, v, g, cfg)[:, :L]

@@ -32,14 +32,16 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / norm)
 
 
-def make_inputs(rng, B, L, H, K, V, dtype, decay, positive=False):
-    """q, k, v in ``dtype``; log_decay float32 or None. decay in {none, zero, mild, strong}."""
+def make_inputs(rng, B, L, H, K, V, dtype, decay, positive=False, per_feature=False):
+    """q, k, v in ``dtype``; log_decay float32 ``[B, L, H]`` (``[B, L, H, K]`` per feature) or
+    None. decay in {none, zero, mild, strong}."""
     def normal(*shape):
         x = rng.standard_normal(shape)
         return jnp.asarray(np.abs(x) if positive else x, dtype)
     q, k, v = normal(B, L, H, K) / np.sqrt(K), normal(B, L, H, K), normal(B, L, H, V)
     low = {"none": None, "zero": 0.0, "mild": -0.5, "strong": -20.0}[decay]
-    g = None if low is None else jnp.asarray(rng.uniform(low, 0.0, (B, L, H)), jnp.float32)
+    g_shape = (B, L, H, K) if per_feature else (B, L, H)
+    g = None if low is None else jnp.asarray(rng.uniform(low, 0.0, g_shape), jnp.float32)
     return q, k, v, g
 
 
@@ -68,26 +70,35 @@ def loss_and_grads(fn, args, cotangents):
     return jax.grad(loss, argnums)(*args), argnums
 
 
-CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state
-    (1, 16, 32, 16, "mild", False),
-    (37, 32, 16, 16, "none", True),
-    (100, 16, 32, 32, "strong", True),
-    (130, 32, 16, 32, "zero", False),
-    (64, 16, 16, 16, "mild", True),
+CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state, algorithm
+    (1, 16, 32, 16, "mild", False, "sequential"),
+    (37, 32, 16, 16, "none", True, "two_pass"),
+    (100, 16, 32, 32, "strong", True, "sequential"),
+    (100, 16, 32, 16, "strong", True, "two_pass"),
+    (130, 32, 16, 32, "zero", False, "two_pass"),
+    (64, 16, 16, 16, "mild", True, "sequential"),
+]
+PER_FEATURE_CASES = [  # per-feature decay [B, L, H, K] (algorithm None: always chunk-parallel)
+    (1, 16, 32, 16, "strong", False, None),
+    (37, 32, 16, 16, "strong", True, None),
+    (70, 16, 32, 32, "mild", True, None),
+    (48, 16, 16, 16, "zero", False, None),
 ]
 
 
-@pytest.mark.parametrize("L,K,V,chunk,decay,with_s0", CAUSAL_CASES)
-def test_causal_forward_and_grads(rng, L, K, V, chunk, decay, with_s0):
+@pytest.mark.parametrize("L,K,V,chunk,decay,with_s0,algorithm", CAUSAL_CASES + PER_FEATURE_CASES)
+def test_causal_forward_and_grads(rng, L, K, V, chunk, decay, with_s0, algorithm):
+    per_feature = algorithm is None
     B, H = 2, 2
-    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, decay)
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, decay, per_feature=per_feature)
     s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) if with_s0 else None
     dy = jnp.asarray(rng.standard_normal((B, L, H, V)))
     ds = jnp.asarray(rng.standard_normal((B, H, K, V)))
 
     def kernel(q, k, v, g, s0):
         return pallas_kernels.causal_linear_attention(
-            q, k, v, g, chunk_size=chunk, initial_state=s0, return_final_state=True)
+            q, k, v, g, chunk_size=chunk, initial_state=s0, return_final_state=True,
+            algorithm=algorithm)
 
     def reference(q, k, v, g, s0):
         return ops.causal_linear_attention(q, k, v, g, impl="attention", initial_state=s0,
@@ -106,17 +117,18 @@ def test_causal_forward_and_grads(rng, L, K, V, chunk, decay, with_s0):
     check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
 
 
-BIDIR_CASES = [  # L, K, V, chunk, decay, normalize
-    (1, 16, 32, 16, "mild", False),  # normalised at L=1 the gradients are ~eps: ill-posed
-    (37, 32, 16, 16, "strong", False),
-    (100, 16, 32, 32, "none", True),
-    (130, 32, 16, 32, "mild", True),
-    (130, 16, 16, 16, "zero", False),
+BIDIR_CASES = [  # L, K, V, chunk, decay, normalize, algorithm
+    (1, 16, 32, 16, "mild", False, "two_pass"),  # normalised at L=1 the gradients are ~eps
+    (37, 32, 16, 16, "strong", False, "sequential"),
+    (70, 32, 16, 16, "strong", False, "two_pass"),
+    (100, 16, 32, 32, "none", True, "two_pass"),
+    (130, 32, 16, 32, "mild", True, "sequential"),
+    (130, 16, 16, 16, "zero", False, "two_pass"),
 ]
 
 
-@pytest.mark.parametrize("L,K,V,chunk,decay,normalize", BIDIR_CASES)
-def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize):
+@pytest.mark.parametrize("L,K,V,chunk,decay,normalize,algorithm", BIDIR_CASES)
+def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize, algorithm):
     B, H = 2, 2
     # LION's feature maps are positive; with signed q, k the normaliser crosses zero.
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, decay, positive=normalize)
@@ -124,7 +136,8 @@ def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize):
 
     def kernel(q, k, v, g):
         return pallas_kernels.bidirectional_linear_attention(q, k, v, g, normalize=normalize,
-                                                             chunk_size=chunk)
+                                                             chunk_size=chunk,
+                                                             algorithm=algorithm)
 
     def reference(q, k, v, g):
         return ops.lion_attention(q, k, v, g, normalize=normalize, impl="attention")
@@ -141,12 +154,16 @@ def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize):
     check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-@pytest.mark.parametrize("bidirectional", [False, True])
-def test_half_precision(rng, dtype, bidirectional):
+@pytest.mark.parametrize("dtype,op", [(jnp.bfloat16, "causal"), (jnp.float16, "causal"),
+                                      (jnp.bfloat16, "bidirectional"),
+                                      (jnp.float16, "bidirectional"),
+                                      (jnp.bfloat16, "per_feature")])
+def test_half_precision(rng, dtype, op):
     """bf16/fp16 inputs: relative RMS error <= 5e-3 against float64 on the rounded inputs."""
     B, L, H, K, V = 1, 100, 2, 32, 16
-    q, k, v, g = make_inputs(rng, B, L, H, K, V, dtype, "mild", positive=bidirectional)
+    bidirectional = op == "bidirectional"
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, dtype, "mild", positive=bidirectional,
+                             per_feature=op == "per_feature")
     dy = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
     if bidirectional:
         kernel = lambda *a: pallas_kernels.bidirectional_linear_attention(*a, chunk_size=32)
@@ -164,6 +181,19 @@ def test_half_precision(rng, dtype, bidirectional):
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
     check_close([got], [want], dtype, ["y"])
     check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"])
+
+
+@pytest.mark.parametrize("reverse,strict", [(False, False), (True, True)])
+def test_two_pass_matches_sequential_scan(rng, reverse, strict):
+    """The chunk-parallel scan equals the sequential one (same float32 operations per chunk)."""
+    B, L, H, K, V = 1, 96, 2, 16, 48
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "strong")
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+    kwargs = dict(reverse=reverse, strict=strict, chunk=32, block_v=32, interpret=not ON_GPU)
+    want = pallas_kernels.chunk_scan(q, k, v, g, s0, **kwargs)
+    got = pallas_kernels.chunk_scan_two_pass(q, k, v, g, s0, **kwargs)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) <= TOL[jnp.float32] / 10
 
 
 def test_final_state_continues_the_sequence(rng):
@@ -193,7 +223,9 @@ def test_head_dim_not_a_power_of_two(rng):
     ("causal", dict(k_shape=(1, 8, 2, 32)), "k must have"),
     ("causal", dict(v_shape=(1, 9, 2, 16)), "v must be"),
     ("causal", dict(q_shape=(1, 8, 2, 8), k_shape=(1, 8, 2, 8)), "head dim"),
-    ("causal", dict(g_shape=(1, 8, 2, 16)), "log_decay must be"),
+    ("causal", dict(g_shape=(1, 8, 2, 5)), "log_decay must be"),
+    ("bidir", dict(g_shape=(1, 8, 2, 16)), "per-feature decay is causal only"),
+    ("causal", dict(algorithm="parallel"), "algorithm must be"),
     ("causal", dict(chunk_size=48), "chunk_size"),
     ("causal", dict(s0_shape=(1, 2, 16, 8)), "initial_state must be"),
     ("bidir", dict(dtype=jnp.int32), "float32, bfloat16 or float16"),
@@ -208,17 +240,19 @@ def test_invalid_inputs(call, kwargs, match):
         if call == "causal":
             s0 = jnp.zeros(kwargs["s0_shape"]) if "s0_shape" in kwargs else None
             pallas_kernels.causal_linear_attention(
-                q, k, v, g, chunk_size=kwargs.get("chunk_size", 16), initial_state=s0)
+                q, k, v, g, chunk_size=kwargs.get("chunk_size", 16), initial_state=s0,
+                algorithm=kwargs.get("algorithm"))
         else:
             pallas_kernels.bidirectional_linear_attention(q, k, v, g)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="L=65536 needs the compiled kernels (GPU)")
-@pytest.mark.parametrize("bidirectional", [False, True])
-def test_long_sequence_strongest_decay_is_finite(rng, bidirectional):
+@pytest.mark.parametrize("bidirectional,per_feature", [(False, False), (True, False),
+                                                      (False, True)])
+def test_long_sequence_strongest_decay_is_finite(rng, bidirectional, per_feature):
     B, L, H, K, V = 1, 65536, 2, 64, 64
     q, k, v, _ = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, "none", positive=True)
-    g = jnp.full((B, L, H), -20.0, jnp.float32)
+    g = jnp.full((B, L, H, K) if per_feature else (B, L, H), -20.0, jnp.float32)
     fn = (pallas_kernels.bidirectional_linear_attention if bidirectional
           else pallas_kernels.causal_linear_attention)
     y, grads = jax.value_and_grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)),

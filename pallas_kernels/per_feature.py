@@ -1,0 +1,195 @@
+"""Chunk-parallel decayed linear scan with per-feature decay (GLA, HGRN2, LightNet causal).
+
+With ``A = cumsum(log_decay)`` over L taken per feature, :func:`chunk_scan_per_feature` computes
+
+    decay_on="key":    o_i = sum_{j <= i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T + q_i^T diag(e^{A_i}) S0
+                       state S_t = diag(exp(a_t)) S_{t-1} + k_t v_t^T              (g: [B, L, H, K])
+    decay_on="value":  o_i = sum_{j <= i} (q_i . k_j) exp(A_i - A_j) * v_j + exp(A_i) * (S0^T q_i)
+                       state S_t = S_{t-1} diag(exp(a_t)) + k_t v_t^T              (g: [B, L, H, V])
+
+(``*`` elementwise over V). The causal op is the key form; its gradients dq and dk are the value
+form with permuted arguments (see ``linear_attention.py``). ``reverse=True`` runs the same scan
+from the last token (``sum_{j >= i}``, decays ``A_j - A_i``) by flipping L and shifting the
+log-decays by one token in XLA (the reverse recurrence decays on leaving a token); its end
+state, the state before token 0, then takes the decay of token 0.
+
+Structure: the three passes of ``two_pass.py`` (chunk states, a prefix scan over chunks, chunk
+outputs). The state terms take per-feature factors directly: ``exp(b_i)`` on q (or on the output)
+and ``exp(b_C - b_j)`` on k (or on v), all exponents <= 0.
+
+Intra-chunk term and its stability. With per-feature decay the C x C scores
+``P_ij = sum_k q_ik k_jk exp(b_ik - b_jk)`` are no longer a matrix product times one mask. The
+chunk is cut into sub-chunks of c = 16 tokens. For query sub-chunk I starting at token p and a
+key j < p, split the decay at the boundary p:
+
+    b_ik - b_jk = h_ik + e_jk,   h_ik = sum_{p <= s <= i} a_sk,   e_jk = sum_{j < s < p} a_sk
+
+so ``P_ij = (q_i * exp(h_i)) . (k_j * exp(e_j))``: one matmul of the sub-chunk's rows against
+every earlier key of the chunk. Both exponents are sums of log-decays (<= 0) over their own
+segment, so every factor lies in [0, 1] (no overflow whatever the decay, e.g. -20 per token) and
+their product is the exact decay up to rounding: a factor that underflows to 0 belongs to a
+product smaller still. No exponent is a difference of two cumulative sums, so each has a rounding
+error relative to its own size, which matters only where the factor is exponentially small.
+Within the diagonal sub-block (j, i in I) the segment sums ``seg_ijk = sum_{j < s <= i} a_sk``
+are summed directly per key j (a c x K cumsum each) and applied elementwise: c^2 K exponentials
+per sub-chunk instead of C^2 K for the whole chunk.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.chunk_scan import _next_pow2, _pad_axis
+from pallas_kernels.two_pass import prefix_states
+
+_EXACT = jax.lax.Precision.HIGHEST
+
+
+def _segment_sums(a, mask):
+    """``out_j = sum_s mask[j, s] a_s`` as an exact float32 product: ``[C, C] x [C, D]``."""
+    return pltriton.dot(mask.astype(jnp.float32), a, precision=_EXACT)
+
+
+def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision):
+    """Pass A, one (b, h, n, V-block): u = (K * exp(tail))^T V (key) or K^T (V * exp(tail))."""
+    k, v = k_ref[...], v_ref[...]
+    a = g_ref[...].astype(jnp.float32)
+    idx = jnp.arange(a.shape[0])
+    tail = jnp.exp(_segment_sums(a, idx[None, :] > idx[:, None]))  # sum_{s > j} a_s
+    if on_key:
+        k = (k * tail).astype(k.dtype)
+    else:
+        v = (v * tail).astype(v.dtype)
+    u_ref[...] = pltriton.dot(k, v, trans_a=True, precision=precision)
+
+
+def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, precision):
+    """Pass C, one (b, h, n, V-block): q, k ``[C, Kp]``, v, o ``[C, BV]``, g ``[C, Kp]`` (key)
+    or ``[C, BV]`` (value), s ``[Kp, BV]`` the state entering the chunk."""
+    dtype = q_ref.dtype
+    a = g_ref[...].astype(jnp.float32)
+    chunk = a.shape[0]
+    idx = jnp.arange(chunk)
+    keys, state = k_ref[...], s_ref[...].astype(dtype)
+    values = v_ref[...]
+    r = jnp.arange(sub)[:, None]  # row (query) index within a sub-chunk
+    cols = jnp.arange(sub)[None, :]
+    for p in range(0, chunk, sub):
+        rows = pl.ds(p, sub)
+        q, a_sub = q_ref[rows, :], g_ref[rows, :].astype(jnp.float32)
+        h = jnp.cumsum(a_sub, axis=0)  # sum_{p <= s <= i} a_s
+        b = jnp.sum(jnp.where(idx[:, None] < p, a, 0.0), axis=0)[None, :] + h  # from chunk start
+        # Entering state (inter-chunk term).
+        if on_key:
+            out = pltriton.dot((q * jnp.exp(b)).astype(dtype), state, precision=precision)
+        else:
+            out = pltriton.dot(q, state, precision=precision) * jnp.exp(b)
+        # Earlier sub-chunks of this chunk, split at the boundary p.
+        if p:
+            e = jnp.exp(_segment_sums(a, (idx[None, :] > idx[:, None]) & (idx[None, :] < p)))
+            if on_key:
+                scores = pltriton.dot((q * jnp.exp(h)).astype(dtype), (keys * e).astype(dtype),
+                                      trans_b=True, precision=precision)
+                scores = jnp.where(idx[None, :] < p, scores, 0.0).astype(dtype)
+                out += pltriton.dot(scores, values, precision=precision)
+            else:
+                scores = pltriton.dot(q, keys, trans_b=True, precision=precision)
+                scores = jnp.where(idx[None, :] < p, scores, 0.0).astype(dtype)
+                out += jnp.exp(h) * pltriton.dot(scores, (values * e).astype(dtype),
+                                                 precision=precision)
+        # Diagonal sub-block: directly summed segment sums, one key j at a time.
+        def seg_decay(j):
+            seg = jnp.cumsum(jnp.where(r > j, a_sub, 0.0), axis=0)  # sum_{j < s <= i} a_s
+            return jnp.exp(jnp.where(r >= j, seg, -jnp.inf))
+
+        if on_key:
+            def key_column(j, scores):
+                k_j = k_ref[pl.ds(p + j, 1), :].astype(jnp.float32)
+                col = jnp.sum(q.astype(jnp.float32) * k_j * seg_decay(j), axis=1)
+                return jnp.where(cols == j, col[:, None], scores)
+
+            scores = jax.lax.fori_loop(0, sub, key_column, jnp.zeros((sub, sub), jnp.float32))
+            out += pltriton.dot(scores.astype(dtype), v_ref[rows, :], precision=precision)
+        else:
+            scores = pltriton.dot(q, k_ref[rows, :], trans_b=True, precision=precision)
+
+            def value_column(j, out):
+                w = jnp.sum(jnp.where(cols == j, scores, 0.0), axis=1)
+                v_j = v_ref[pl.ds(p + j, 1), :].astype(jnp.float32)
+                return out + w[:, None] * seg_decay(j) * v_j
+
+            out = jax.lax.fori_loop(0, sub, value_column, out)
+        o_ref[rows, :] = out.astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("decay_on", "reverse", "chunk", "block_v",
+                                             "out_dtype", "interpret", "num_warps",
+                                             "num_stages"))
+def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="key",
+                           reverse=False, chunk=64, block_v=64, out_dtype=jnp.float32,
+                           interpret=False, num_warps=None, num_stages=2):
+    """Decayed linear scan with per-feature decay (see the module docstring).
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
+      log_decay: ``[B, L, H, K]`` (decay_on="key") or ``[B, L, H, V]`` ("value"), ``<= 0``.
+      initial_state: None or ``[B, H, K, V]`` float32 (reverse: the state after the last token).
+      decay_on: "key" or "value", the state axis the decay acts on.
+      reverse: scan from the last token to the first.
+      chunk: tokens per chunk, a power of two >= 16 (sub-chunks of 16).
+      block_v, out_dtype, interpret, num_warps, num_stages: as for ``chunk_scan``.
+    Returns:
+      ``(o [B, L, H, V] out_dtype, final state [B, H, K, V] float32)``.
+    """
+    kwargs = dict(decay_on=decay_on, chunk=chunk, block_v=block_v, out_dtype=out_dtype,
+                  interpret=interpret, num_warps=num_warps, num_stages=num_stages)
+    if reverse:  # the reverse recurrence decays on leaving a token: shift by one, then flip
+        flip = functools.partial(jnp.flip, axis=1)
+        g = jnp.concatenate([log_decay[:, 1:], jnp.zeros_like(log_decay[:, :1])], axis=1)
+        o, state = chunk_scan_per_feature(flip(q), flip(k), flip(v), flip(g), initial_state,
+                                          **kwargs)
+        first = jnp.exp(log_decay[:, 0].astype(jnp.float32))  # the decay entering token 0
+        first = first[..., :, None] if decay_on == "key" else first[..., None, :]
+        return flip(o), state * first
+    on_key = decay_on == "key"
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    N = L // chunk
+    kp = _next_pow2(max(K, 16))
+    bv = min(block_v, _next_pow2(max(V, 16)))
+    vp = -(-V // bv) * bv
+    q, k = _pad_axis(q, 3, kp), _pad_axis(k, 3, kp)
+    v = _pad_axis(v, 3, vp)
+    g = _pad_axis(log_decay.astype(jnp.float32), 3, kp if on_key else vp)
+    precision = _EXACT if q.dtype == jnp.float32 else None
+    params = pltriton.CompilerParams(
+        num_warps=num_warps or (8 if kp * bv >= 64 * 64 else 4), num_stages=num_stages)
+    grid = (B, H, N, vp // bv)
+    qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
+    v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
+    g_spec = qk_spec if on_key else v_spec
+    state_spec = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, n, j: (b, h, n, 0, j))
+
+    u = pl.pallas_call(
+        functools.partial(_states_kernel, on_key=on_key, precision=precision),
+        grid=grid, in_specs=[qk_spec, v_spec, g_spec], out_specs=state_spec,
+        out_shape=jax.ShapeDtypeStruct((B, H, N, kp, vp), jnp.float32),
+        compiler_params=params, interpret=interpret, name="chunk_states_per_feature",
+    )(k, v, g)
+    # Chunk decay factors [B, H, N, Kp, 1] (key) or [B, H, N, 1, Vp] (value).
+    decay = jnp.exp(jnp.sum(g.reshape(B, N, chunk, H, -1), axis=2)).transpose(0, 2, 1, 3)
+    decay = decay[..., :, None] if on_key else decay[..., None, :]
+    s0 = None
+    if initial_state is not None:
+        s0 = _pad_axis(_pad_axis(initial_state.astype(jnp.float32), 2, kp), 3, vp)
+    s_in, state = prefix_states(u, decay, s0, reverse=False, block_v=bv, interpret=interpret)
+    o = pl.pallas_call(
+        functools.partial(_output_kernel, sub=16, on_key=on_key, precision=precision),
+        grid=grid, in_specs=[qk_spec, qk_spec, v_spec, g_spec, state_spec], out_specs=v_spec,
+        out_shape=jax.ShapeDtypeStruct((B, L, H, vp), out_dtype),
+        compiler_params=params, interpret=interpret, name="chunk_outputs_per_feature",
+    )(q, k, v, g, s_in)
+    return o[..., :V], state[:, :, :K, :V]
