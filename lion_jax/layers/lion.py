@@ -1,0 +1,352 @@
+"""LION token mixers (paper Sec. 3-4, Appendix C.5 and C.7) and a pre-norm residual block.
+
+All the math of the mask, the scan and the chunking lives in :mod:`lion_jax.ops`; the module
+here only builds ``q, k, v`` and log-decays from the input and picks the output normalisation.
+
+Conventions (ARCHITECTURE.md section 3): ``a_i = log_decay_i <= 0``, ``A = cumsum(a)`` over the
+sequence, bidirectional mask ``M_ij = exp(-|A_i - A_j|)`` (causal: ``exp(A_i - A_j)``, ``i >= j``),
+scores ``s_ij = phi(q_i) . phi(k_j)``.
+"""
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lion_jax import ops
+from lion_jax.layers.feature_maps import get_feature_map
+from lion_jax.layers.mlp import Mlp
+from lion_jax.layers.norms import check_norm, make_norm
+
+VARIANTS = ("lit", "d", "retnet", "s", "grfa", "xlstm")
+FIXED_DECAY_VARIANTS = ("d", "retnet")
+SELECTIVE_VARIANTS = ("s", "grfa", "xlstm")
+DECAY_SHAPES = ("scalar", "vector")
+
+DEFAULT_FEATURE_MAP = {
+    "lit": "elu1",        # Katharopoulos et al.; paper Sec. 5.3, Table 13
+    "d": "silu_l2",       # Table 13 (LION-S); the same map for the fixed-decay LION-D
+    "retnet": "identity",  # RetNet has no feature map
+    "s": "silu_l2",       # Table 13
+    "grfa": "elu1",       # positive features keep SCALE well defined
+    "xlstm": "identity",  # mLSTM has no feature map
+}
+DEFAULT_NORMALIZE = {"lit": True, "d": True, "retnet": False, "s": True, "grfa": True}
+DEFAULT_OUTPUT_NORM = ("retnet", "xlstm")  # both originals norm each head after the mixer
+
+
+def decay_logits(n: int, exponents: tuple[float, float]) -> np.ndarray:
+    """Initial decay logits: ``sigmoid(logit_c) = 1 - 2**-e_c``, ``e_c = linspace(*exponents, n)``.
+
+    With the default exponents ``(5, 12)`` and 8 heads this is RetNet's per-head schedule
+    ``gamma_h = 1 - 2**(-5 - h)``: decays from 0.969 (memory ~32 tokens) to 0.99976 (~4096
+    tokens), spread evenly in log-timescale for any number of channels.
+    """
+    e = np.linspace(exponents[0], exponents[1], n, dtype=np.float64)
+    return np.log1p(-np.exp2(-e)) + e * np.log(2.0)  # log(lam / (1 - lam))
+
+
+def _constant_init(values: np.ndarray):
+    """An initializer returning ``values`` (reshaped to the requested shape)."""
+    def init(key, shape, dtype=jnp.float32):
+        del key
+        return jnp.asarray(values, dtype).reshape(shape)
+    return init
+
+
+def _value_heads(q, k, v, log_decay, key_scale):
+    """Vector decay (paper C.7) as one head per value feature, sharing that head's ``q, k``.
+
+    The ``L x L x V`` mask applied by Hadamard product on the value features, with SCALE per
+    value feature (Eq. 136), is the scalar-decay op run on ``H * V`` heads of value width 1.
+    Memory for ``q, k`` grows by a factor ``V``.
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: ``[B, L, H, V]``.
+      key_scale: None, ``[B, L, H]`` or ``[B, L, H, V]``, multiplies ``k``.
+    Returns:
+      ``q, k [B, L, H*V, K]``, ``v [B, L, H*V, 1]``, ``log_decay [B, L, H*V]``.
+    """
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    q, k = (jnp.broadcast_to(x[:, :, :, None, :], (B, L, H, V, K)) for x in (q, k))
+    if key_scale is not None:
+        k = k * key_scale.reshape(B, L, H, -1, 1)
+    heads = (B, L, H * V)
+    return (q.reshape(*heads, K), k.reshape(*heads, K), v.reshape(*heads, 1),
+            log_decay.reshape(heads))
+
+
+class LionAttention(nn.Module):
+    """LION token mixer ``[B, L, D] -> [B, L, D]``: bidirectional (or causal) linear attention.
+
+    ``q = phi(W_q x)``, ``k = phi(W_k x)``, ``v = W_v x`` per head (``[B, L, H, K]``, ``K``, ``V``
+    dims), mixed by :func:`lion_jax.ops.lion_attention` (``causal=True``:
+    :func:`lion_jax.ops.causal_linear_attention`), then ``Dense(H*V -> D)``.
+
+    Variants (paper Appendix C.5; ``g = sigmoid(.)`` of a ``Dense(D -> H)`` of the token):
+
+    - ``lit``  LION-LIT: no decay, ``elu+1``, SCALE-normalised.
+    - ``d``    LION-D: learnable per-head decay ``lambda_h = sigmoid(p_h)``, normalised.
+    - ``retnet`` LION-RETNET: the same fixed decay, not normalised (Eq. 117).
+    - ``s``    LION-S: selective ``a_i = log sigmoid(w^T x_i + b)`` per token and head (Eq. 28).
+      Keys are not multiplied by the ZOH factor ``e^{a_i} - 1`` of Eq. 27 (which the paper
+      says may be treated as part of ``k_i``): the mask of Eq. 28 is used as stated.
+    - ``grfa`` gated RFA: ``a_i = log g_i``, keys scaled by ``1 - g_i``, normalised (Eq. 135).
+    - ``xlstm`` mLSTM: forget gate ``a_i = log sigmoid(f~_i)``, input gate ``i_i = exp(i~_i)`` on
+      the keys, output ``num / max(den, 1)`` (Eq. 125, ``den = sum_j s_ij M_ij``). xLSTM itself
+      uses ``max(|den|, 1)``; we keep the paper's. ``i~`` is soft-capped,
+      ``cap * tanh(i~ / cap)`` (``input_gate_cap``, 15 as in xLSTM-7B's gate soft-cap), so
+      ``exp`` stays finite in float32 without xLSTM's running-max stabiliser.
+
+    ``decay_shape="vector"`` (selective variants only; paper C.7): one decay per value feature,
+    ``a_i in R^V`` per head (``Dense(D -> H*V)``), with SCALE per value feature.
+
+    Scaling: ``q`` is multiplied by ``K**-0.5`` unless the output is SCALE-normalised (there the
+    factor cancels, up to ``eps``).
+
+    Padding: ``mask [B, L]`` (True = real token). Padded tokens get ``k = v = 0`` (they add
+    nothing to any numerator or denominator) and ``log_decay = 0`` (decay 1: they take no step
+    of distance). The mask over real tokens is then exactly that of the sequence with the pads
+    removed, so real outputs are unchanged by padding at the end *and* by pads inserted anywhere
+    (for ``d``/``retnet`` the distance ``|i - j|`` counts real tokens only); ``jnp.where`` is
+    used, so even non-finite padded content cannot leak. Outputs at padded positions are
+    meaningless.
+
+    Decay init: fixed decays and the biases of the decay/forget gates start at
+    ``sigmoid(b) = 1 - 2**-e`` with ``e`` spread over ``decay_init_exponents`` across heads
+    (across all ``H*V`` channels for vector decay); see :func:`decay_logits`. The input gate of
+    ``xlstm`` starts at bias 0 (``i = 1``).
+
+    Precision: feature maps, decays and gates (their projections too) are computed in at least
+    float32 whatever ``dtype``; ``q, k`` are then cast to the compute dtype for the op, which
+    accumulates in float32.
+
+    Attributes:
+      num_heads: ``H``. head_dim: ``K``, the query/key width. value_dim: ``V`` (default ``K``).
+      variant: one of :data:`VARIANTS`. decay_shape: ``"scalar"`` or ``"vector"``.
+      feature_map: name for :func:`get_feature_map`; None = the variant's default
+        (:data:`DEFAULT_FEATURE_MAP`).
+      normalize: SCALE the output; None = the variant's default (:data:`DEFAULT_NORMALIZE`);
+        must be None for ``xlstm``.
+      output_norm: LayerNorm over each head's ``V`` outputs before the output projection
+        (RetNet's GroupNorm, xLSTM's multi-head norm); None = on for ``retnet`` and ``xlstm``.
+      causal: use the causal op (the same parameters serve a causal LM).
+      impl, chunk_size, eps: passed to the op.
+      decay_init_exponents: range of ``e`` in the decay init above.
+      input_gate_cap: soft cap of ``xlstm``'s log input gate.
+      init_std: std of a Gaussian init for the query, key and gate kernels (the paper's LRA
+        recipe, Appendix D.2, uses 0.1); None = lecun normal.
+      dtype: compute dtype of the projections and op inputs. param_dtype: parameter dtype.
+    """
+
+    num_heads: int
+    head_dim: int
+    value_dim: int | None = None
+    variant: str = "s"
+    decay_shape: str = "scalar"
+    feature_map: str | None = None
+    normalize: bool | None = None
+    output_norm: bool | None = None
+    causal: bool = False
+    impl: str = "auto"
+    chunk_size: int = 64
+    eps: float = 1e-6
+    decay_init_exponents: tuple[float, float] = (5.0, 12.0)
+    input_gate_cap: float = 15.0
+    init_std: float | None = None
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; valid: {list(VARIANTS)}")
+        if self.decay_shape not in DECAY_SHAPES:
+            raise ValueError(
+                f"unknown decay_shape {self.decay_shape!r}; valid: {list(DECAY_SHAPES)}")
+        if self.decay_shape == "vector" and self.variant not in SELECTIVE_VARIANTS:
+            raise ValueError(
+                f"decay_shape='vector' (paper C.7) needs an input-dependent decay, i.e. variant in "
+                f"{list(SELECTIVE_VARIANTS)}; got variant={self.variant!r}")
+        if self.variant == "xlstm" and self.normalize is not None:
+            raise ValueError("variant 'xlstm' always divides by max(den, 1); leave normalize=None")
+        for name in ("num_heads", "head_dim", "value_dim", "chunk_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if min(self.decay_init_exponents) <= 0 or self.input_gate_cap <= 0:
+            raise ValueError("decay_init_exponents and input_gate_cap must be positive")
+        get_feature_map(self.feature_map_name)  # raises on an unknown name
+        super().__post_init__()
+
+    @property
+    def feature_map_name(self) -> str:
+        return self.feature_map or DEFAULT_FEATURE_MAP[self.variant]
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the output is SCALE-normalised by the op (False for ``xlstm``)."""
+        if self.variant == "xlstm":
+            return False
+        return DEFAULT_NORMALIZE[self.variant] if self.normalize is None else self.normalize
+
+    @property
+    def use_output_norm(self) -> bool:
+        if self.output_norm is None:
+            return self.variant in DEFAULT_OUTPUT_NORM
+        return self.output_norm
+
+    @property
+    def value_width(self) -> int:
+        return self.value_dim or self.head_dim
+
+    def _dense(self, features, names, name, kernel_init=None, bias_init=nn.initializers.zeros,
+               dtype=None):
+        kernel_init = kernel_init or nn.initializers.lecun_normal()
+        return nn.Dense(features, dtype=dtype or self.dtype, param_dtype=self.param_dtype,
+                        kernel_init=nn.with_logical_partitioning(kernel_init, names),
+                        bias_init=nn.with_logical_partitioning(bias_init, (names[1],)),
+                        name=name)
+
+    def _gate(self, x, features, name, bias, dtype):
+        """A ``Dense(D -> features)`` of the tokens in ``dtype``, ``[B, L, features]``."""
+        init = nn.initializers.normal(self.init_std) if self.init_std else None
+        dense = self._dense(features, ("embed", None), name, kernel_init=init,
+                            bias_init=_constant_init(bias), dtype=dtype)
+        return dense(x.astype(dtype))
+
+    def _decays(self, x, dtype):
+        """Log-decays and key scales of the variant, computed in ``dtype`` (>= float32).
+
+        Returns:
+          ``(log_decay, key_scale)``: ``log_decay`` None, ``[B, L, H]`` or (vector)
+          ``[B, L, H, V]``; ``key_scale`` None, ``[B, L, H]`` or ``[B, L, H, V]``.
+        """
+        B, L, _ = x.shape
+        H, V = self.num_heads, self.value_width
+        if self.variant == "lit":
+            return None, None
+        if self.variant in FIXED_DECAY_VARIANTS:
+            init = _constant_init(decay_logits(H, self.decay_init_exponents))
+            logit = self.param("decay_logit", nn.with_logical_partitioning(init, (None,)), (H,),
+                               self.param_dtype)
+            return jnp.broadcast_to(jax.nn.log_sigmoid(logit.astype(dtype)), (B, L, H)), None
+
+        channels = H * V if self.decay_shape == "vector" else H
+        shape = (B, L, H, V) if self.decay_shape == "vector" else (B, L, H)
+        bias = decay_logits(channels, self.decay_init_exponents)
+        z = self._gate(x, channels, "forget_gate" if self.variant == "xlstm" else "decay_gate",
+                       bias, dtype).reshape(shape)
+        log_decay = jax.nn.log_sigmoid(z)
+        if self.variant == "s":
+            return log_decay, None
+        if self.variant == "grfa":
+            return log_decay, jax.nn.sigmoid(-z)  # 1 - g
+        cap = self.input_gate_cap
+        log_input = self._gate(x, H, "input_gate", np.zeros(H), dtype)
+        return log_decay, jnp.exp(cap * jnp.tanh(log_input / cap))
+
+    def _mix(self, q, k, v, log_decay):
+        """The op call: ``[B, L, H, K] x2, [B, L, H, V], [B, L, H] -> [B, L, H, V]``."""
+        op = ops.causal_linear_attention if self.causal else ops.lion_attention
+        kwargs = dict(impl=self.impl, chunk_size=self.chunk_size, eps=self.eps)
+        if self.variant != "xlstm":
+            return op(q, k, v, log_decay, normalize=self.scaled, **kwargs)
+        # numerator and denominator from one call: the last value column is all ones
+        ones = jnp.ones(v.shape[:-1] + (1,), v.dtype)
+        out = op(q, k, jnp.concatenate([v, ones], axis=-1), log_decay, normalize=False,
+                 **kwargs).astype(jnp.promote_types(v.dtype, jnp.float32))
+        return (out[..., :-1] / jnp.maximum(out[..., -1:], 1.0)).astype(v.dtype)
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+        """Mixes the tokens of ``x [B, L, D]``; ``mask [B, L]`` bool, True = real token.
+
+        Sows ``(q, k, v, log_decay, key_scale)`` into the ``'intermediates'`` collection as
+        ``mixer_inputs``: ``q, k [B, L, H, K]`` (>= float32) after the feature map and the
+        ``K**-0.5`` scale, ``v [B, L, H, V]``, decays as returned by :meth:`_decays`, padding
+        applied; the op then sees ``k * key_scale``.
+        """
+        B, L, D = x.shape
+        H, K, V = self.num_heads, self.head_dim, self.value_width
+        qk_init = nn.initializers.normal(self.init_std) if self.init_std else None
+        q = self._dense(H * K, ("embed", "heads"), "query", kernel_init=qk_init)(x)
+        k = self._dense(H * K, ("embed", "heads"), "key", kernel_init=qk_init)(x)
+        v = self._dense(H * V, ("embed", "heads"), "value")(x).reshape(B, L, H, V)
+        compute_dtype = v.dtype
+        float_dtype = jnp.promote_types(compute_dtype, jnp.float32)
+
+        phi = get_feature_map(self.feature_map_name)
+        q = phi(q.reshape(B, L, H, K).astype(float_dtype))
+        k = phi(k.reshape(B, L, H, K).astype(float_dtype))
+        if not self.scaled:
+            q = q * K ** -0.5
+        log_decay, key_scale = self._decays(x, float_dtype)
+        if mask is not None:
+            def real(t):  # mask broadcast against t [B, L, ...]
+                return mask.reshape((B, L) + (1,) * (t.ndim - 2))
+            k = jnp.where(real(k), k, 0.0)
+            v = jnp.where(real(v), v, 0)
+            if log_decay is not None:
+                log_decay = jnp.where(real(log_decay), log_decay, 0.0)
+            if key_scale is not None:
+                key_scale = jnp.where(real(key_scale), key_scale, 0.0)
+        self.sow("intermediates", "mixer_inputs", (q, k, v, log_decay, key_scale))
+
+        if self.decay_shape == "vector":
+            q, k, v, log_decay = _value_heads(q, k, v, log_decay, key_scale)
+        elif key_scale is not None:
+            k = k * key_scale[..., None]
+        y = self._mix(q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay)
+        y = y.reshape(B, L, H, V)
+
+        if self.use_output_norm:
+            y = nn.LayerNorm(
+                reduction_axes=-1, feature_axes=(-2, -1), dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                scale_init=nn.with_logical_partitioning(nn.initializers.ones, (None, None)),
+                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None, None)),
+                name="output_norm")(y)
+        return self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * V))
+
+
+class LionBlock(nn.Module):
+    """Pre-norm residual block ``[B, L, D] -> [B, L, D]``::
+
+        x = x + Dropout(LionAttention(Norm(x), mask))
+        x = x + Dropout(Mlp(Norm(x)))
+
+    Attributes:
+      mixer: keyword arguments of :class:`LionAttention` (``num_heads``, ``head_dim``,
+        ``variant``, ``impl``, ...), except ``dtype`` and ``param_dtype`` (taken from here).
+      mlp_dim: hidden width of the MLP.
+      dropout: rate of the residual-branch dropouts and the MLP's inner dropout.
+      norm: ``"layernorm"`` or ``"rmsnorm"``.
+      dtype, param_dtype: compute and parameter dtypes.
+    """
+
+    mixer: Mapping[str, Any]
+    mlp_dim: int
+    dropout: float = 0.0
+    norm: str = "layernorm"
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        check_norm(self.norm)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None, *,
+                 deterministic: bool = True) -> jnp.ndarray:
+        """``x [B, L, D]``, ``mask [B, L]`` bool (True = real token) -> ``[B, L, D]``."""
+        dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        h = make_norm(self.norm, **dtypes, name="mixer_norm")(x)
+        h = LionAttention(**self.mixer, **dtypes, name="mixer")(h, mask)
+        x = x + nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        h = make_norm(self.norm, **dtypes, name="mlp_norm")(x)
+        h = Mlp(self.mlp_dim, dropout=self.dropout, **dtypes, name="mlp")(
+            h, deterministic=deterministic)
+        return x + nn.Dropout(self.dropout)(h, deterministic=deterministic)

@@ -1,0 +1,362 @@
+"""Tests for lion_jax.layers: LION token mixers, feature maps, MLP and the residual block."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lion_jax.layers import LionAttention, LionBlock, Mlp, get_feature_map
+from lion_jax.layers.lion import decay_logits
+
+B, L, D, H, K, V = 2, 13, 16, 2, 4, 6  # odd length, K != V
+CHUNK = 4  # does not divide L
+IMPLS = ("attention", "recurrent", "chunk")
+CONFIGS = [("lit", "scalar"), ("d", "scalar"), ("retnet", "scalar"), ("s", "scalar"),
+           ("grfa", "scalar"), ("xlstm", "scalar"), ("s", "vector"), ("grfa", "vector"),
+           ("xlstm", "vector")]
+CONFIG_IDS = [f"{v}-{s}" for v, s in CONFIGS]
+# decays from 0.5 (strong) to 0.996 (weak) across heads / channels
+STRONG_AND_WEAK = (1.0, 8.0)
+
+
+def make_layer(variant, decay_shape, **kwargs):
+    config = dict(num_heads=H, head_dim=K, value_dim=V, chunk_size=CHUNK,
+                  decay_init_exponents=STRONG_AND_WEAK) | kwargs
+    return LionAttention(variant=variant, decay_shape=decay_shape, **config)
+
+
+def rel_err(a, b):
+    """``||a - b|| / ||b||`` (L2 over all entries), as in tests/test_ops.py."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
+
+
+def jax_key(rng):
+    return jax.random.key(int(rng.integers(2 ** 31)))
+
+
+def normal(rng, *shape):
+    return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+
+def mixer_inputs(layer, params, x, mask=None):
+    """The sown ``(q, k, v, log_decay, key_scale)`` and the layer output, as float64 numpy."""
+    y, state = layer.apply(params, x, mask, mutable=["intermediates"])
+    inputs = state["intermediates"]["mixer_inputs"][0]
+    return [None if t is None else np.asarray(t, np.float64) for t in inputs], y
+
+
+# --- the same parameters give the same output and gradients with every impl -------------------
+# Forward passes run eagerly: an XLA compile of a whole layer costs seconds on CPU, while eager
+# primitives are compiled once and cached across tests (gradients are jitted: an eager VJP is
+# slower than one compile). The explicit-formula, padding, causality and dtype tests use
+# impl="attention" (the cheapest eagerly); the impls are shown equal here.
+
+
+@pytest.mark.parametrize("variant,decay_shape", CONFIGS, ids=CONFIG_IDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_impls_agree(rng, variant, decay_shape, causal):
+    """float32 outputs of the recurrent and chunk forms match the attention form to 1e-5."""
+    x = normal(rng, B, L, D)
+    params = make_layer(variant, decay_shape, causal=causal).init(jax_key(rng), x)
+    outputs = {impl: make_layer(variant, decay_shape, causal=causal, impl=impl).apply(params, x)
+               for impl in IMPLS}
+    for impl, y in outputs.items():
+        assert y.shape == x.shape and y.dtype == jnp.float32 and np.all(np.isfinite(y)), impl
+        assert rel_err(y, outputs["attention"]) < 1e-5, impl
+
+
+def output_and_grads(layer, params, x, cotangent):
+    """``layer(x)`` and the gradients of ``<layer(x), cotangent>`` w.r.t. the parameters."""
+    def loss(p):
+        y = layer.apply(p, x)
+        return jnp.sum(y * cotangent), y
+
+    (_, y), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return np.asarray(y), [np.asarray(g) for g in jax.tree.leaves(nn.unbox(grads))]
+
+
+# gate parameters with max(den, 1); causal vector decay with a vector key scale (the ops' own
+# gradients are tested in tests/test_ops.py)
+GRAD_CONFIGS = [("xlstm", "scalar", False), ("grfa", "vector", True)]
+
+
+@pytest.mark.parametrize("variant,decay_shape,causal", GRAD_CONFIGS,
+                         ids=[f"{v}-{s}-{'causal' if c else 'bidirectional'}"
+                              for v, s, c in GRAD_CONFIGS])
+def test_gradients_agree(rng, variant, decay_shape, causal):
+    """float64: parameter gradients of every impl match the attention form's to 1e-10.
+
+    float32 (the chunk form, used for training): finite, and within 1e-5 of the float64
+    gradients as a whole. Not per leaf: a leaf's gradient is a sum over all tokens, whose
+    float32 rounding reaches ~5e-4 relative on small, cancelling leaves (xlstm's gate biases).
+    """
+    x = normal(rng, B, L, D)
+    cotangent = normal(rng, B, L, D)
+    params = make_layer(variant, decay_shape, causal=causal).init(jax_key(rng), x)
+
+    with jax.enable_x64(True):
+        params64, x64, cot64 = jax.tree.map(lambda t: t.astype(jnp.float64),
+                                            (params, x, cotangent))
+        results = {impl: output_and_grads(
+            make_layer(variant, decay_shape, causal=causal, impl=impl, param_dtype=jnp.float64),
+            params64, x64, cot64) for impl in IMPLS}
+    y_ref, grads_ref = results["attention"]
+    for impl, (y, grads) in results.items():
+        assert rel_err(y, y_ref) < 1e-10, impl
+        for g, g_ref in zip(grads, grads_ref):
+            assert rel_err(g, g_ref) < 1e-10, impl
+
+    y, grads = output_and_grads(make_layer(variant, decay_shape, causal=causal, impl="chunk"),
+                                params, x, cotangent)
+    assert all(np.all(np.isfinite(g)) for g in grads)
+    assert rel_err(y, y_ref) < 1e-5
+    flat, flat_ref = np.concatenate([g.ravel() for g in grads]), np.concatenate(
+        [g.ravel() for g in grads_ref])
+    assert rel_err(flat, flat_ref) < 1e-5
+
+
+# --- explicit formulas -------------------------------------------------------------------------
+
+
+def output_projection(params, y):
+    """The layer's ``out`` Dense applied to ``y [B, L, H, V]`` (float64)."""
+    out = nn.unbox(params)["params"]["out"]
+    b, l = y.shape[:2]
+    return y.reshape(b, l, -1) @ np.asarray(out["kernel"], np.float64) + np.asarray(out["bias"])
+
+
+@pytest.mark.parametrize("variant", ["s", "grfa"])
+def test_vector_decay_matches_eq_136(rng, variant):
+    """``Y = SCALE(Q K^T (.) M_bar) * V`` with an explicit ``L x L x V`` mask (paper C.7)."""
+    b, l = 1, 7
+    x = normal(rng, b, l, D)
+    layer = make_layer(variant, "vector", impl="attention")
+    params = layer.init(jax_key(rng), x)
+    (q, k, v, log_decay, key_scale), y = mixer_inputs(layer, params, x)
+    assert log_decay.shape == (b, l, H, V)
+
+    A = np.cumsum(log_decay, axis=1)  # [b, L, H, V]
+    mask = np.exp(-np.abs(A[:, :, None] - A[:, None, :]))  # [b, i, j, H, V]
+    scores = np.einsum("bihk,bjhk->bijh", q, k)[..., None] * mask  # [b, i, j, H, V]
+    if key_scale is not None:
+        scores = scores * key_scale[:, None]  # scales key j
+    expected = (np.einsum("bijhv,bjhv->bihv", scores, v)
+                / (scores.sum(axis=2) + layer.eps))
+    assert rel_err(y, output_projection(params, expected)) < 1e-5
+
+
+@pytest.mark.parametrize("decay_shape", ["scalar", "vector"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_xlstm_matches_max_den_formula(rng, decay_shape, causal):
+    """``y_i = sum_j s_ij M_ij v_j / max(sum_j s_ij M_ij, 1)``, ``s_ij = q_i . (i_j k_j)``."""
+    b, l = 2, 9
+    x = 2.0 * normal(rng, b, l, D)
+    layer = make_layer("xlstm", decay_shape, causal=causal, output_norm=False,
+                       impl="attention")
+    params = layer.init(jax_key(rng), x)
+    (q, k, v, log_decay, input_gate), y = mixer_inputs(layer, params, x)
+    assert np.all(input_gate > 0)
+
+    A = np.cumsum(log_decay, axis=1)
+    if A.ndim == 3:  # scalar: one mask for all value features
+        A = A[..., None]
+    diff = A[:, :, None] - A[:, None, :]  # [b, i, j, H, 1|V]
+    mask = np.where(np.tril(np.ones((l, l)))[:, :, None, None] > 0, np.exp(np.minimum(diff, 0)),
+                    0.0) if causal else np.exp(-np.abs(diff))
+    scores = np.einsum("bihk,bjhk->bijh", q, k * input_gate[..., None])[..., None] * mask
+    numerator = np.einsum("bijhv,bjhv->bihv", np.broadcast_to(scores, (b, l, l, H, V)), v)
+    denominator = scores.sum(axis=2)
+    assert 0 < np.mean(denominator < 1) < 1  # both branches of the max are exercised
+    expected = numerator / np.maximum(denominator, 1.0)
+    assert rel_err(y, output_projection(params, expected)) < 1e-5
+
+
+def test_lit_matches_scaled_linear_attention(rng):
+    """LION-LIT: ``y_i = sum_j s_ij v_j / sum_j s_ij``, ``s_ij = phi(q_i) . phi(k_j)``, elu+1."""
+    x = normal(rng, B, L, D)
+    layer = make_layer("lit", "scalar")
+    params = layer.init(jax_key(rng), x)
+    (q, k, v, log_decay, _), y = mixer_inputs(layer, params, x)
+    assert log_decay is None and np.all(q > 0) and np.all(k > 0)
+    scores = np.einsum("bihk,bjhk->bhij", q, k)
+    expected = np.einsum("bhij,bjhv->bihv", scores, v) / (
+        scores.sum(-1).transpose(0, 2, 1)[..., None] + layer.eps)
+    assert rel_err(y, output_projection(params, expected)) < 1e-5
+
+
+def test_fixed_decay_is_per_head_power(rng):
+    """LION-D / -RETNET: ``M_ij = lambda_h^|i - j|`` with ``lambda_h = sigmoid(p_h)``."""
+    x = normal(rng, 1, 6, D)
+    layer = make_layer("retnet", "scalar", output_norm=False)
+    params = layer.init(jax_key(rng), x)
+    (q, k, v, log_decay, _), y = mixer_inputs(layer, params, x)
+    lam = jax.nn.sigmoid(nn.unbox(params)["params"]["decay_logit"])
+    np.testing.assert_allclose(np.exp(log_decay[0, 0]), lam, rtol=1e-6)
+    dist = np.abs(np.arange(6)[:, None] - np.arange(6)[None, :])
+    mask = np.asarray(lam, np.float64)[:, None, None] ** dist  # [H, i, j]
+    scores = np.einsum("bihk,bjhk->bhij", q, k) * mask
+    expected = np.einsum("bhij,bjhv->bihv", scores, v)  # not normalised
+    assert rel_err(y, output_projection(params, expected)) < 1e-5
+
+
+# --- padding and causality ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant,decay_shape", CONFIGS, ids=CONFIG_IDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_padding_is_invisible(rng, variant, decay_shape, causal):
+    """Pads with arbitrary content, inserted inside and appended, leave real outputs unchanged."""
+    x = normal(rng, B, L, D)
+    layer = make_layer(variant, decay_shape, causal=causal, impl="attention")
+    params = layer.init(jax_key(rng), x)
+    y = layer.apply(params, x)
+
+    total = L + 6
+    real = np.ones(total, bool)
+    real[rng.choice(L, size=3, replace=False) + 1] = False  # three pads inside
+    real[L + 3:] = False  # three at the end
+    x_padded = 10.0 * normal(rng, B, total, D)
+    x_padded = x_padded.at[:, real].set(x)
+    mask = jnp.broadcast_to(jnp.asarray(real), (B, total))
+    y_padded = layer.apply(params, x_padded, mask)
+    assert np.all(np.isfinite(y_padded))
+    assert rel_err(y_padded[:, real], y) < 1e-5
+
+
+@pytest.mark.parametrize("variant,decay_shape", CONFIGS, ids=CONFIG_IDS)
+def test_causal_ignores_the_future(rng, variant, decay_shape):
+    x = normal(rng, B, L, D)
+    layer = make_layer(variant, decay_shape, causal=True, impl="attention")
+    params = layer.init(jax_key(rng), x)
+    t = int(rng.integers(0, L - 1))
+    x_changed = x.at[:, t + 1:].set(normal(rng, B, L - t - 1, D))
+    y, y_changed = layer.apply(params, x), layer.apply(params, x_changed)
+    assert rel_err(y_changed[:, :t + 1], y[:, :t + 1]) < 1e-6
+    assert rel_err(y_changed[:, t + 1:], y[:, t + 1:]) > 1e-3
+
+
+# --- dtypes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant,decay_shape", CONFIGS, ids=CONFIG_IDS)
+def test_bfloat16_close_to_float32(rng, variant, decay_shape):
+    """bf16 compute stays within 2e-2 relative RMS of float32. value_dim=16 here: the per-head
+    output norm of retnet/xlstm over few features amplifies bf16 rounding where a head's
+    outputs are nearly equal."""
+    x = normal(rng, B, L, D)
+    layer = functools.partial(make_layer, variant, decay_shape, impl="attention", value_dim=16)
+    params = layer().init(jax_key(rng), x)
+    y32 = layer().apply(params, x)
+    y16 = layer(dtype=jnp.bfloat16).apply(params, x)
+    assert y16.dtype == jnp.bfloat16 and y32.dtype == jnp.float32
+    assert rel_err(y16, y32) < 2e-2  # = relative RMS error
+
+
+# --- configuration and parameters --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(variant="mamba"), "unknown variant"),
+    (dict(decay_shape="matrix"), "unknown decay_shape"),
+    (dict(variant="lit", decay_shape="vector"), "needs an input-dependent decay"),
+    (dict(variant="d", decay_shape="vector"), "needs an input-dependent decay"),
+    (dict(variant="retnet", decay_shape="vector"), "needs an input-dependent decay"),
+    (dict(variant="xlstm", normalize=True), "max\\(den, 1\\)"),
+    (dict(feature_map="softmax"), "unknown feature map"),
+    (dict(num_heads=0), "num_heads must be positive"),
+    (dict(chunk_size=0), "chunk_size must be positive"),
+])
+def test_bad_config_raises(kwargs, match):
+    config = dict(num_heads=H, head_dim=K) | kwargs
+    with pytest.raises(ValueError, match=match):
+        LionAttention(**config)
+
+
+def test_defaults_per_variant():
+    layer = functools.partial(LionAttention, H, K)
+    assert layer(variant="lit").feature_map_name == "elu1"
+    assert layer(variant="s").feature_map_name == "silu_l2"
+    assert layer(variant="d").feature_map_name == "silu_l2"
+    assert layer(variant="lit").scaled and layer(variant="s").scaled
+    assert not layer(variant="retnet").scaled and not layer(variant="xlstm").scaled
+    assert not layer(variant="s", normalize=False).scaled
+    assert layer(variant="retnet").use_output_norm and not layer(variant="s").use_output_norm
+
+
+def test_parameters_and_logical_axes(rng):
+    x = normal(rng, B, L, D)
+    expected_names = {
+        "lit": {"query", "key", "value", "out"},
+        "d": {"query", "key", "value", "out", "decay_logit"},
+        "s": {"query", "key", "value", "out", "decay_gate"},
+        "xlstm": {"query", "key", "value", "out", "forget_gate", "input_gate", "output_norm"},
+    }
+    for variant, names in expected_names.items():
+        variables = make_layer(variant, "scalar").init(jax_key(rng), x)
+        assert set(variables["params"]) == names
+        specs = nn.get_partition_spec(variables)["params"]
+        assert tuple(specs["query"]["kernel"]) == ("embed", "heads")
+        assert tuple(specs["out"]["kernel"]) == ("heads", "embed")
+        for leaf, spec in zip(jax.tree.leaves(nn.unbox(variables)),
+                              jax.tree.leaves(specs, is_leaf=lambda s: isinstance(
+                                  s, jax.sharding.PartitionSpec))):
+            assert len(spec) == leaf.ndim  # every parameter is annotated
+    variables = make_layer("s", "vector").init(jax_key(rng), x)
+    gate = nn.unbox(variables)["params"]["decay_gate"]
+    assert gate["kernel"].shape == (D, H * V)
+    assert tuple(nn.get_partition_spec(variables)["params"]["decay_gate"]["kernel"]) == (
+        "embed", None)
+
+
+def test_decay_init_follows_retnet_schedule():
+    lam = 1.0 / (1.0 + np.exp(-decay_logits(8, (5.0, 12.0))))
+    np.testing.assert_allclose(lam, 1.0 - 2.0 ** (-5.0 - np.arange(8)), rtol=1e-12)
+    assert np.all(np.isfinite(decay_logits(64, (5.0, 12.0))))
+
+
+# --- feature maps, MLP, block ------------------------------------------------------------------
+
+
+def test_feature_maps(rng):
+    x = normal(rng, 5, 8) * 3
+    assert np.all(get_feature_map("elu1")(x) > 0)
+    phi = get_feature_map("silu_l2")(x)
+    assert np.all(phi > 0)
+    np.testing.assert_allclose(np.linalg.norm(phi, axis=-1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(get_feature_map("silu_l2_noshift")(x),
+                               jax.nn.silu(x) / np.linalg.norm(jax.nn.silu(x), axis=-1,
+                                                               keepdims=True), rtol=1e-5)
+    assert np.all(np.isfinite(jax.grad(lambda z: get_feature_map("silu_l2_noshift")(z).sum())(
+        jnp.zeros((3, 4)))))
+    for name in ("sigmoid", "relu", "identity"):
+        assert get_feature_map(name)(x).shape == x.shape
+    with pytest.raises(ValueError, match="valid names.*elu1"):
+        get_feature_map("softmax")
+
+
+def test_mlp_and_block(rng):
+    x = normal(rng, B, L, D)
+    mlp = Mlp(mlp_dim=32, dropout=0.5)
+    variables = mlp.init(jax_key(rng), x)
+    assert mlp.apply(variables, x).shape == x.shape
+    specs = nn.get_partition_spec(variables)["params"]
+    assert tuple(specs["fc1"]["kernel"]) == ("embed", "mlp")
+    assert tuple(specs["fc2"]["kernel"]) == ("mlp", "embed")
+
+    mask = jnp.asarray(rng.random((B, L)) < 0.8)
+    for norm in ("layernorm", "rmsnorm"):
+        block = LionBlock(dict(num_heads=H, head_dim=K, variant="s", impl="attention"),
+                          mlp_dim=32, dropout=0.3, norm=norm)
+        variables = block.init(jax_key(rng), x, mask)
+        y = block.apply(variables, x, mask)
+        assert y.shape == x.shape and np.all(np.isfinite(y))
+        np.testing.assert_array_equal(y, block.apply(variables, x, mask, deterministic=True))
+        y_drop = block.apply(variables, x, mask, deterministic=False,
+                             rngs={"dropout": jax_key(rng)})
+        assert not np.allclose(y_drop, y)
+    with pytest.raises(ValueError, match="unknown norm"):
+        LionBlock(dict(num_heads=H, head_dim=K), mlp_dim=32, norm="batchnorm")

@@ -1,0 +1,154 @@
+"""Tests for lion_jax.models: the LRA sequence classifier."""
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lion_jax.models import SequenceClassifier
+from lion_jax.models.classifier import sinusoidal_embedding
+
+B, L, VOCAB, CLASSES = 3, 11, 20, 5
+
+
+def make_model(**kwargs):
+    config = dict(vocab_size=VOCAB, num_classes=CLASSES, d_model=16, num_layers=2, num_heads=2,
+                  mlp_dim=32, mixer=dict(variant="s", impl="attention")) | kwargs
+    return SequenceClassifier(**config)
+
+
+def jax_key(rng):
+    return jax.random.key(int(rng.integers(2 ** 31)))
+
+
+def random_tokens(rng, length=L):
+    """Token ids in [1, VOCAB) (0 is the pad id)."""
+    return jnp.asarray(rng.integers(1, VOCAB, size=(B, length)), jnp.int32)
+
+
+@pytest.mark.parametrize("pooling,pos_emb", [("mean", "none"), ("cls", "learned"),
+                                             ("last", "sinusoidal"), ("mean", "learned")])
+def test_shapes_and_trailing_padding(rng, pooling, pos_emb):
+    """Logits ``[B, C]`` float32; appending pad tokens (id 0) leaves them unchanged."""
+    model = make_model(pooling=pooling, pos_emb=pos_emb, max_len=L + 4)
+    tokens = random_tokens(rng)
+    variables = model.init(jax_key(rng), tokens, train=False)
+    logits = model.apply(variables, tokens, train=False)
+    assert logits.shape == (B, CLASSES) and logits.dtype == jnp.float32
+    assert np.all(np.isfinite(logits))
+
+    padded = jnp.concatenate([tokens, jnp.zeros((B, 4), jnp.int32)], axis=1)
+    np.testing.assert_allclose(model.apply(variables, padded, train=False), logits,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_explicit_mask_overrides_default(rng):
+    model = make_model()
+    tokens = random_tokens(rng)
+    variables = model.init(jax_key(rng), tokens, train=False)
+    mask = jnp.asarray(rng.random((B, L)) < 0.7).at[:, 0].set(True)
+    # tokens at masked-out positions do not matter, whatever their id
+    scrambled = jnp.where(mask, tokens, random_tokens(rng))
+    np.testing.assert_allclose(model.apply(variables, tokens, train=False, mask=mask),
+                               model.apply(variables, scrambled, train=False, mask=mask),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["lit", "d", "retnet", "grfa", "xlstm"])
+def test_variants_run(rng, variant):
+    model = make_model(num_layers=1, mixer=dict(variant=variant, impl="attention"))
+    tokens = random_tokens(rng)
+    variables = model.init(jax_key(rng), tokens, train=False)
+    assert np.all(np.isfinite(model.apply(variables, tokens, train=False)))
+
+
+def test_train_dropout_and_jit(rng):
+    model = make_model(dropout=0.3)
+    tokens = random_tokens(rng)
+    variables = model.init(jax_key(rng), tokens, train=False)
+    eval_logits = model.apply(variables, tokens, train=False)
+    np.testing.assert_array_equal(eval_logits, model.apply(variables, tokens, train=False))
+
+    train = jax.jit(lambda v, t, key: model.apply(v, t, train=True, rngs={"dropout": key}))
+    key = jax_key(rng)
+    a, b = train(variables, tokens, key), train(variables, tokens, key)
+    np.testing.assert_array_equal(a, b)  # same rng, same dropout
+    assert not np.allclose(a, eval_logits)
+    assert not np.allclose(a, train(variables, tokens, jax.random.fold_in(key, 1)))
+    with pytest.raises(flax.errors.InvalidRngError, match="dropout"):
+        model.apply(variables, tokens, train=True)  # no dropout rng
+
+    jitted = jax.jit(lambda v, t: model.apply(v, t, train=False))(variables, tokens)
+    np.testing.assert_allclose(jitted, eval_logits, rtol=1e-5, atol=1e-6)
+
+
+def test_logical_axes(rng):
+    model = make_model(pooling="cls", pos_emb="learned", max_len=L)
+    variables = model.init(jax_key(rng), random_tokens(rng), train=False)
+    specs = nn.get_partition_spec(variables)["params"]
+    assert tuple(specs["embed"]["embedding"]) == ("vocab", "embed")
+    assert tuple(specs["head"]["kernel"]) == ("embed", "classes")
+    assert tuple(specs["pos_embedding"]) == (None, "embed")
+    mixer = specs["block_0"]["mixer"]
+    assert tuple(mixer["query"]["kernel"]) == ("embed", "heads")
+    assert tuple(mixer["out"]["kernel"]) == ("heads", "embed")
+    assert tuple(mixer["decay_gate"]["kernel"]) == ("embed", None)
+    assert tuple(specs["block_1"]["mlp"]["fc1"]["kernel"]) == ("embed", "mlp")
+    is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)  # noqa: E731
+    leaves = jax.tree.leaves(nn.unbox(variables))
+    spec_leaves = jax.tree.leaves(nn.get_partition_spec(variables), is_leaf=is_spec)
+    assert len(leaves) == len(spec_leaves)
+    for leaf, spec in zip(leaves, spec_leaves):
+        assert len(spec) == leaf.ndim  # every parameter is annotated
+
+    # the annotations resolve to a mesh sharding under typical rules
+    mesh = jax.make_mesh((1, jax.device_count()), ("data", "model"))
+    rules = (("embed", None), ("heads", "model"), ("mlp", "model"), ("vocab", None),
+             ("classes", None))
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(variables), mesh, rules)
+    kernel = shardings["params"]["block_0"]["mlp"]["fc1"]["kernel"]
+    assert kernel.spec == jax.sharding.PartitionSpec(None, "model")
+
+
+def test_bfloat16(rng):
+    tokens = random_tokens(rng)
+    model32 = make_model()
+    variables = model32.init(jax_key(rng), tokens, train=False)
+    logits32 = model32.apply(variables, tokens, train=False)
+    model16 = make_model(dtype=jnp.bfloat16)
+    logits16 = model16.apply(variables, tokens, train=False)
+    assert logits16.dtype == jnp.float32
+    err = np.sqrt(np.mean((np.asarray(logits16) - logits32) ** 2) / np.mean(logits32 ** 2))
+    assert err < 2e-2
+
+
+def test_sinusoidal_embedding():
+    emb = sinusoidal_embedding(7, 9)
+    assert emb.shape == (7, 9)
+    np.testing.assert_allclose(emb[0, :4], 0.0)  # sin(0)
+    np.testing.assert_allclose(emb[0, 4:8], 1.0)  # cos(0)
+    np.testing.assert_allclose(emb[:, 8], 0.0)  # odd last feature
+    np.testing.assert_allclose(emb[3, 0], np.sin(3.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(pooling="max"), "unknown pooling"),
+    (dict(pos_emb="rope"), "unknown pos_emb"),
+    (dict(pos_emb="learned"), "needs max_len"),
+    (dict(d_model=15), "not divisible"),
+    (dict(norm="batchnorm"), "unknown norm"),
+    (dict(mixer=dict(num_heads=4)), "not in mixer"),
+])
+def test_bad_config_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_model(**kwargs)
+
+
+def test_bad_config_raises_at_init(rng):
+    tokens = random_tokens(rng)
+    with pytest.raises(ValueError, match="unknown variant"):
+        make_model(mixer=dict(variant="mamba")).init(jax_key(rng), tokens, train=False)
+    with pytest.raises(ValueError, match="exceeds max_len"):
+        make_model(pos_emb="learned", max_len=L - 1).init(jax_key(rng), tokens, train=False)
