@@ -1,0 +1,1 @@
+"""Long Range Arena configs (one file per task)."""

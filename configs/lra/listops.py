@@ -1,0 +1,92 @@
+"""LION-S on LRA ListOps, the paper's setting (LION App. D.2; S5-sized model, full 96k data).
+
+Run:  python -m experiments.train --config configs/lra/listops.py[:variant] [--workdir DIR]
+
+Default (the paper). LION, Appendix D.2: "the same model dimensions as specified in the S5
+paper, following the guidelines from the S5 GitHub repository"; AdamW, initial learning rate
+5e-4, cosine schedule; query, key and selective-gate weights initialised N(0, 0.1^2). What
+D.2 leaves open is taken from S5's ListOps script (lindermanlab/S5
+bin/run_experiments/run_lra_listops.sh): d_model 128, 8 layers, batch 50, 40 epochs, weight
+decay 0.04, 1 epoch of linear warmup, no dropout, mean pooling. Not from either source, our
+choices: 8 heads (S5's 8 HiPPO blocks), MLP width 2 * d_model, LayerNorm (S5 uses BatchNorm),
+no positional embedding (LION-S needs none; its decay orders the tokens). Data: LRA ListOps
+generated locally, 96k/2k/2k, lengths 500-2000 (+ EOS), max depth 10, up to 10 arguments.
+
+The dataset is generated once (23 s for the full set on a 16-core host) and cached in
+``config.data.cache_dir`` (default ``~/.cache/lion_jax/listops``; the file name encodes the
+generation settings, so variants never collide and every workdir shares the cache). On one
+H100 the default setting trains at about 7.8 steps/s (bf16, chunked LION-S): 2.7 h in all.
+"""
+
+import ml_collections
+
+from configs import common
+
+VARIANTS = {
+    "quick": "CPU smoke run (~6 min on 2 cores): 20k short expressions (lengths 17-63), "
+             "2-layer width-64 model with CLS pooling, 1200 steps",
+    "tiny": "seconds-long run for tests: 256 examples, 1-layer width-16 model, 4 steps",
+}
+
+TRAIN_SIZE = 96_000
+BATCH_SIZE = 50
+STEPS_PER_EPOCH = TRAIN_SIZE // BATCH_SIZE  # 1920
+
+
+def get_config(arg=None):
+    variant = common.parse_variant(arg, VARIANTS)
+    c = common.base_config()
+    c.task = "classification"
+
+    c.data = ml_collections.ConfigDict(dict(
+        name="listops", cache_dir="~/.cache/lion_jax/listops",
+        num_train=TRAIN_SIZE, num_val=2000, num_test=2000, seed=0,
+        min_length=500, max_length=2000, max_depth=10, max_args=10))
+    c.model = ml_collections.ConfigDict(dict(
+        d_model=128, num_layers=8, num_heads=8, mlp_dim=256, dropout=0.0,
+        pooling="mean", pos_emb="none", max_len=2000, norm="layernorm",
+        mixer=dict(variant="s", impl="chunk", chunk_size=64, init_std=0.1),
+        dtype="bfloat16", param_dtype="float32"))
+
+    c.batch_size = BATCH_SIZE
+    c.eval_batch_size = 200
+    c.num_train_steps = 40 * STEPS_PER_EPOCH
+    c.optim.learning_rate = 5e-4
+    c.optim.schedule = "cosine"
+    c.optim.warmup_steps = STEPS_PER_EPOCH
+    c.optim.weight_decay = 0.04
+    c.log_every = 100
+    c.eval_every = STEPS_PER_EPOCH
+    c.checkpoint_every = STEPS_PER_EPOCH
+
+    if variant == "quick":
+        c.data.update(num_train=20_000, num_val=1000, num_test=1000, min_length=16,
+                      max_length=64)
+        # CLS pooling: with few steps, mean pooling stays near 30% accuracy (GPU sweep of
+        # this variant: mean 0.30, learned positions 0.43, CLS 0.45 val accuracy at
+        # lengths 16-128). bfloat16 is emulated (slow) on CPUs, hence float32.
+        c.model.update(d_model=64, num_layers=2, num_heads=4, mlp_dim=128, max_len=64,
+                       pooling="cls", dtype="float32")
+        c.batch_size = 64
+        c.eval_batch_size = 200
+        c.num_train_steps = 1200
+        c.optim.learning_rate = 2e-3
+        c.optim.warmup_steps = 100
+        c.optim.weight_decay = 0.01
+        c.log_every = 50
+        c.eval_every = 400
+        c.checkpoint_every = 400
+    elif variant == "tiny":
+        c.data.update(num_train=256, num_val=64, num_test=64, min_length=8, max_length=32)
+        c.model.update(d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=32,
+                       dtype="float32")
+        c.model.mixer.chunk_size = 8
+        c.batch_size = 16
+        c.eval_batch_size = 16
+        c.num_train_steps = 4
+        c.optim.warmup_steps = 1
+        c.log_every = 2
+        c.eval_every = 2
+        c.checkpoint_every = 2
+        c.progress_bar = False
+    return c

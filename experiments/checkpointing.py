@@ -1,0 +1,83 @@
+"""Checkpoints with orbax: the last N periodic ones plus the best one by an eval metric.
+
+Layout under the workdir::
+
+    checkpoints/<step>/state   train state: step, params, opt_state, ema_params, rng
+    checkpoints/<step>/meta    JSON: data-iterator state, best-so-far record, last eval
+    best/<step>/...            the same two items, for the step with the best eval metric
+
+A checkpoint directory appears only once completely written (orbax writes to a temporary
+directory and renames it), so a run killed at any moment leaves its earlier checkpoints
+intact. Saves are asynchronous; :meth:`Checkpointer.close` waits for them.
+"""
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+from experiments.errors import UserError
+
+
+class Checkpointer:
+    """Saves and restores ``(train state, JSON meta)`` pairs in ``workdir``."""
+
+    def __init__(self, workdir, keep):
+        workdir = os.path.abspath(workdir)
+        self.latest_dir = os.path.join(workdir, "checkpoints")
+        self.best_dir = os.path.join(workdir, "best")
+        self._latest = _manager(self.latest_dir, max_to_keep=keep)
+        self._best = _manager(self.best_dir, max_to_keep=1)
+
+    def latest_step(self):
+        """Step of the newest complete periodic checkpoint, or None."""
+        return self._latest.latest_step()
+
+    def save(self, step, state, meta, best=False):
+        """Saves a periodic checkpoint (``best=False``) or replaces the best one."""
+        manager = self._best if best else self._latest
+        if step in manager.all_steps():
+            return
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                   meta=ocp.args.JsonSave(meta)))
+
+    def restore_latest(self, abstract_state):
+        """``(state, meta)`` of the newest periodic checkpoint, or None when there is none.
+
+        ``abstract_state`` is a pytree of ``jax.ShapeDtypeStruct`` with shardings: the state
+        comes back with that structure, dtype and device layout (whatever mesh it was saved
+        with).
+        """
+        step = self._latest.latest_step()
+        if step is None:
+            return None
+        saved, wanted = _shapes(self._latest.item_metadata(step)["state"]), _shapes(abstract_state)
+        if saved != wanted:
+            name = min((k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k)),
+                       key=lambda k: (not k.startswith("params/"), k))  # params first
+            raise UserError(
+                f"checkpoint {step} in {self.latest_dir} does not fit this config: {name} has "
+                f"shape {saved.get(name, 'none')} there and {wanted.get(name, 'none')} here "
+                "(changed model or optimizer?); use a new --workdir")
+        restored = self._latest.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+        return restored.state, restored.meta
+
+    def close(self):
+        """Waits for pending saves and releases the managers."""
+        for manager in (self._latest, self._best):
+            manager.wait_until_finished()
+            manager.close()
+
+
+def _manager(directory, max_to_keep):
+    return ocp.CheckpointManager(
+        directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
+
+
+def _shapes(tree):
+    """{"params/block_0/.../kernel": shape} of a tree of arrays or array metadata."""
+    return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}

@@ -1,0 +1,50 @@
+"""Tasks: what the generic trainer (experiments/trainer.py) needs from a problem.
+
+A task supplies the data, the model and the per-example loss; the trainer does everything
+else (optimisation, sharding, masking and averaging, evaluation, checkpoints, logging).
+``config.task`` names the module; :func:`get_task` builds it from the config.
+"""
+
+import importlib
+from typing import Any, Iterator, Protocol
+
+import jax
+
+from experiments.errors import UserError
+
+TASKS = {"classification": "experiments.tasks.classification:ClassificationTask"}
+
+
+class Task(Protocol):
+    """Interface of a task. Batches are dicts of numpy arrays ``[batch, ...]`` with a float
+    ``mask`` ``[batch]`` (1 = real example, 0 = padding); see experiments/data/pipeline.py."""
+
+    eval_splits: tuple[str, ...]
+
+    def init(self, rng: jax.Array) -> Any:
+        """Model variables ``{"params": ...}``, with flax logical-axis annotations."""
+
+    def loss(self, params, batch, rng, *, train: bool) -> tuple[jax.Array, dict]:
+        """``(loss [batch], {metric name: [batch]})``, per example, unmasked; the trainer
+        reports the loss itself as metric ``loss``.
+
+        The trainer averages both over the real examples (``mask``); ``rng`` is the dropout
+        key (distinct per step and micro-batch).
+        """
+
+    def train_batches(self, batch_size: int, seed: int) -> Iterator[dict]:
+        """Endless, shuffled, resumable iterator (``get_state`` / ``set_state``)."""
+
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[dict]:
+        """One pass over ``split`` in a fixed order, the last batch padded (``mask`` 0)."""
+
+    def summary(self) -> dict[str, float]:
+        """Extra numbers for the final summary (e.g. a baseline accuracy)."""
+
+
+def get_task(config):
+    """Builds the task named by ``config.task``."""
+    if config.task not in TASKS:
+        raise UserError(f"unknown task {config.task!r} (known: {', '.join(TASKS)})")
+    module, name = TASKS[config.task].split(":")
+    return getattr(importlib.import_module(module), name)(config)

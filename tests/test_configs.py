@@ -1,0 +1,82 @@
+"""Config files: every variant builds, keeps the trainer's keys, and makes a valid model."""
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from configs import common
+from configs.lra import listops
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
+
+
+def _config_modules():
+    """(relative path, module) of every config file (a module with get_config)."""
+    found = []
+    for root, _, files in os.walk(CONFIGS_DIR):
+        for name in sorted(files):
+            if name.endswith(".py") and not name.startswith("_"):
+                path = os.path.join(root, name)
+                spec = importlib.util.spec_from_file_location(name[:-3], path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                if hasattr(module, "get_config"):
+                    found.append((os.path.relpath(path, CONFIGS_DIR), module))
+    return found
+
+
+CASES = [(rel, module, variant) for rel, module in _config_modules()
+         for variant in (None, *module.VARIANTS)]
+
+
+@pytest.mark.parametrize("rel, module, variant", CASES,
+                         ids=[f"{rel}:{variant or 'default'}" for rel, module, variant in CASES])
+def test_variant_builds_with_trainer_keys(rel, module, variant):
+    config = module.get_config(variant)
+    base = common.base_config()
+    assert set(base.keys()) <= set(config.keys()), rel
+    assert set(base.optim.keys()) == set(config.optim.keys())
+    assert set(base.mesh.keys()) == set(config.mesh.keys())
+    assert module.__doc__.strip(), "the first docstring line describes the default"
+    assert all(isinstance(d, str) and d for d in module.VARIANTS.values())
+
+
+@pytest.mark.parametrize("variant", [None, *listops.VARIANTS])
+def test_listops_model_config_is_valid(variant):
+    """The model keys are SequenceClassifier's: it builds and runs (shapes only)."""
+    from experiments.data.listops import NUM_CLASSES, VOCAB_SIZE
+    from lion_jax.models import SequenceClassifier
+
+    kwargs = listops.get_config(variant).model.to_dict()
+    kwargs.update(dtype=jnp.dtype(kwargs["dtype"]), param_dtype=jnp.dtype(kwargs["param_dtype"]))
+    model = SequenceClassifier(vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, **kwargs)
+    tokens = jnp.ones((2, 64), jnp.int32)
+    variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, train=False))
+    logits = jax.eval_shape(lambda v: model.apply(v, tokens, train=False), variables)
+    assert logits.shape == (2, NUM_CLASSES)
+
+
+def test_listops_default_is_the_paper_setting():
+    """LION App. D.2 (AdamW, lr 5e-4, cosine) with S5's ListOps sizes; full LRA data."""
+    c = listops.get_config()
+    assert (c.optim.learning_rate, c.optim.schedule, c.optim.weight_decay) == (5e-4, "cosine", 0.04)
+    assert (c.model.d_model, c.model.num_layers, c.model.mixer.variant) == (128, 8, "s")
+    assert c.model.mixer.init_std == 0.1
+    assert (c.batch_size, c.num_train_steps, c.optim.warmup_steps) == (50, 76800, 1920)
+    assert (c.data.num_train, c.data.num_val, c.data.num_test) == (96000, 2000, 2000)
+    assert (c.data.min_length, c.data.max_length, c.data.max_depth, c.data.max_args) == (
+        500, 2000, 10, 10)
+    assert c.model.dtype == "bfloat16" and c.model.param_dtype == "float32"
+
+
+def test_parse_variant():
+    variants = {"quick": "q", "tiny": "t"}
+    assert common.parse_variant(None, variants) is None
+    assert common.parse_variant("", variants) is None
+    assert common.parse_variant("tiny", variants) == "tiny"
+    with pytest.raises(ValueError, match=r"unknown config variant 'big' \(known variants: "
+                                         r"quick, tiny\)"):
+        common.parse_variant("big", variants)

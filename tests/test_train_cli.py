@@ -1,0 +1,104 @@
+"""The entry point, run as a user would (subprocesses on the 8 forced CPU devices)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = "configs/lra/listops.py:tiny"
+
+
+def run(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """One ListOps cache for the module's runs."""
+    return str(tmp_path_factory.mktemp("listops_cache"))
+
+
+def test_list_shows_configs_and_variants():
+    result = run("--list")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("configs/lra/listops.py  LION-S on LRA ListOps") for line in lines)
+    for variant in ("quick", "tiny"):
+        assert any(line.strip().startswith(f"configs/lra/listops.py:{variant}  ")
+                   for line in lines)
+
+
+def test_default_workdir():
+    from experiments.train import default_workdir
+
+    assert default_workdir("configs/lra/listops.py:quick") == os.path.join(
+        "workdir", "lra_listops_quick")
+    assert default_workdir("configs/lra/listops.py") == os.path.join("workdir", "lra_listops")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", f"{TINY}", "--config.nonexistent=1"],
+     f"error: unknown config key 'nonexistent' (not in {TINY})"),
+    (["--config", f"{TINY}", "--config.model.nonexistent=1"],
+     f"error: unknown config key 'model.nonexistent' (not in {TINY})"),
+    (["--config", "configs/lra/nope.py"], "error: config file 'configs/lra/nope.py' not found"),
+    (["--config", "configs/lra/listops.py:huge"],
+     "error: unknown config variant 'huge' (known variants: quick, tiny)"),
+    (["--config", f"{TINY}", "--config.batch_size=abc"],
+     "error: flag --config.batch_size=abc: invalid literal for int()"),
+    ([], "error: --config is required"),
+])
+def test_flag_errors_are_one_line(args, message):
+    result = run(*args)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
+    assert result.stderr.startswith(message), result.stderr
+
+
+def test_run_errors_are_one_line(tmp_path, cache_dir):
+    common = ["--config", TINY, f"--config.data.cache_dir={cache_dir}"]
+    result = run(*common, "--workdir", str(tmp_path / "a"), "--config.batch_size=12")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: config.batch_size=12 is not divisible by the 8 data-parallel shards "
+        "(mesh data=8 x fsdp=1); use a multiple of 8")
+
+    # A learning rate of 1e38 blows up at step 3 (step 1 has lr 0 in warmup).
+    workdir = tmp_path / "nan"
+    result = run(*common, "--workdir", str(workdir), "--config.optim.learning_rate=1e38")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: loss is nan") or last.startswith("error: loss is inf"), last
+    assert "at step 3; stopped. Last good checkpoint: step 2 in" in last
+    assert os.listdir(workdir / "checkpoints") == ["2"]
+
+
+def test_tiny_run_writes_metrics_and_checkpoints_then_resumes(tmp_path, cache_dir):
+    workdir = tmp_path / "tiny"
+    args = ["--config", TINY, "--workdir", str(workdir), f"--config.data.cache_dir={cache_dir}"]
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    assert "mesh {'data': 8, 'fsdp': 1, 'model': 1} over 8 cpu device(s)" in result.stdout
+    assert "test majority-class rate" in result.stdout
+    with open(workdir / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert {(r["step"], r["split"]) for r in records} == {
+        (s, split) for s in (2, 4) for split in ("train", "val", "test")}
+    assert set(records[0]) == {"step", "split", "metrics", "time"}
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
+    assert len(os.listdir(workdir / "best")) == 1
+    assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 4
+
+    again = run(*args)  # finished run: restores step 4 and prints the same summary
+    assert again.returncode == 0, again.stderr
+    assert "Resuming from step 4" in again.stdout
+    summary = lambda out: out[out.index("Summary"):out.index("wall time")]  # noqa: E731
+    assert summary(again.stdout) == summary(result.stdout)
+    with open(workdir / "metrics.jsonl") as f:
+        assert [json.loads(line) for line in f] == records
