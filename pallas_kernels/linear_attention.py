@@ -41,8 +41,9 @@ from pallas_kernels.two_pass import chunk_scan_two_pass
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 ALGORITHMS = ("sequential", "two_pass")
-# algorithm=None picks "two_pass" from this many chunks on (provisional: not yet measured).
-TWO_PASS_MIN_CHUNKS = 32
+# algorithm=None picks "sequential": on an H200 (2026-11-21, B4 H16 D64 bf16, docs/benchmarks.md)
+# the two-pass form was 1.7-2.3x slower at L = 4K and 16K, forward and backward.
+DEFAULT_ALGORITHM = "sequential"
 
 
 def _scan(q, k, v, g, s0=None, *, algorithm, **kwargs):
@@ -225,9 +226,7 @@ def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None):
         interpret = jax.default_backend() == "cpu"
     cfg = dict(chunk=chunk, block_v=64, interpret=bool(interpret))
     if log_decay.ndim == 3:  # per-feature decay has only the chunk-parallel form
-        if algorithm is None:
-            algorithm = "two_pass" if (L + pad) // chunk >= TWO_PASS_MIN_CHUNKS else "sequential"
-        cfg["algorithm"] = algorithm
+        cfg["algorithm"] = algorithm or DEFAULT_ALGORITHM
     return q, k, v, g, cfg
 
 
@@ -247,8 +246,8 @@ def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_s
       initial_state: None or ``[B, H, K, V]`` (float32), the state before the first token.
       return_final_state: also return the state after token L.
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
-      algorithm: "sequential", "two_pass" or None (two-pass from ``TWO_PASS_MIN_CHUNKS``
-        chunks on); per-feature decay always runs chunk-parallel.
+      algorithm: "sequential", "two_pass" or None (``DEFAULT_ALGORITHM``, the faster one as
+        measured); per-feature decay always runs chunk-parallel.
     Returns:
       ``y [B, L, H, V]`` in v.dtype, or ``(y, final_state [B, H, K, V] float32)``.
     """
@@ -282,8 +281,8 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
       eps: added to the denominator.
       chunk_size: tokens per chunk, a power of two >= 16.
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
-      algorithm: "sequential", "two_pass" or None (two-pass from ``TWO_PASS_MIN_CHUNKS``
-        chunks on).
+      algorithm: "sequential", "two_pass" or None (``DEFAULT_ALGORITHM``, the faster one as
+        measured).
     Returns:
       ``y [B, L, H, V]`` in v.dtype.
     """
