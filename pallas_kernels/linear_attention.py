@@ -46,8 +46,16 @@ ALGORITHMS = ("sequential", "two_pass")
 DEFAULT_ALGORITHM = "sequential"
 
 
-def _scan(q, k, v, g, s0=None, *, algorithm, **kwargs):
-    """One decayed scan (``chunk_scan``'s arguments) with the configured algorithm."""
+def _scan(q, k, v, g, s0=None, *, algorithm=None, decay_on="key", **kwargs):
+    """One decayed scan with ``chunk_scan``'s arguments.
+
+    Per-feature decay (``g [B, L, H, K]``) runs ``chunk_scan_per_feature`` with the decay on the
+    state's key axis, or on its value axis (``decay_on="value"``) for the transposed scans of
+    the backward pass; scalar decay (``g [B, L, H]``, the same on both axes) runs the
+    configured ``algorithm``.
+    """
+    if g.ndim == 4:
+        return chunk_scan_per_feature(q, k, v, g, s0, decay_on=decay_on, **kwargs)
     scan = chunk_scan if algorithm == "sequential" else chunk_scan_two_pass
     return scan(q, k, v, g, s0, **kwargs)
 
@@ -57,7 +65,8 @@ def _scan(q, k, v, g, s0=None, *, algorithm, **kwargs):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _causal(q, k, v, g, s0, cfg):
-    """``(y [B, Lp, H, V] v.dtype, S_T [B, H, K, V] f32)``; Lp a multiple of the chunk."""
+    """``(y [B, Lp, H, V] v.dtype, S_T [B, H, K, V] f32)``; Lp a multiple of the chunk;
+    ``g [B, Lp, H]`` or, per feature, ``[B, Lp, H, K]``."""
     return _scan(q, k, v, g, s0, out_dtype=v.dtype, **cfg)
 
 
@@ -71,45 +80,21 @@ def _causal_bwd(cfg, res, cotangents):
     dy, d_state = cotangents
     dy = dy.astype(v.dtype)
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
-    dq, _ = _scan(dy, v, k, g, s0_t, **cfg)
-    dk, _ = _scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), reverse=True, **cfg)
+    dq, _ = _scan(dy, v, k, g, s0_t, decay_on="value", **cfg)
+    dk, _ = _scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), decay_on="value", reverse=True,
+                  **cfg)
     dv, ds0 = _scan(k, q, dy, g, d_state, reverse=True, **cfg)
-    dA = _dot_last(q, dq) - _dot_last(k, dk)
-    dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=(2, 3)))
+    if g.ndim == 4:  # per key feature: dA_t = q_t * dq_t - k_t * dk_t elementwise
+        dA = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
+        dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=3))
+    else:
+        dA = _dot_last(q, dq) - _dot_last(k, dk)
+        dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=(2, 3)))
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
             _reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
 
 
 _causal.defvjp(_causal_fwd, _causal_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _causal_per_feature(q, k, v, g, s0, cfg):
-    """As ``_causal`` with ``g [B, Lp, H, K]`` (per-feature decay)."""
-    return chunk_scan_per_feature(q, k, v, g, s0, out_dtype=v.dtype, **cfg)
-
-
-def _causal_per_feature_fwd(q, k, v, g, s0, cfg):
-    y, state = _causal_per_feature(q, k, v, g, s0, cfg)
-    return (y, state), (q, k, v, g, s0, state)
-
-
-def _causal_per_feature_bwd(cfg, res, cotangents):
-    q, k, v, g, s0, state = res
-    dy, d_state = cotangents
-    dy = dy.astype(v.dtype)
-    s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
-    dq, _ = chunk_scan_per_feature(dy, v, k, g, s0_t, decay_on="value", **cfg)
-    dk, _ = chunk_scan_per_feature(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), decay_on="value",
-                                   reverse=True, **cfg)
-    dv, ds0 = chunk_scan_per_feature(k, q, dy, g, d_state, reverse=True, **cfg)
-    dA = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
-    dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=3))
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-            _reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
-
-
-_causal_per_feature.defvjp(_causal_per_feature_fwd, _causal_per_feature_bwd)
 
 
 # ---------------------------------------------------------------------- bidirectional core
@@ -260,8 +245,7 @@ def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_s
     out_dtype = v.dtype
     q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm)
     s0 = None if initial_state is None else initial_state.astype(jnp.float32)
-    core = _causal_per_feature if g.ndim == 4 else _causal
-    y, state = core(q, k, v, g, s0, cfg)
+    y, state = _causal(q, k, v, g, s0, cfg)
     y = y[:, :L].astype(out_dtype)
     return (y, state) if return_final_state else y
 
