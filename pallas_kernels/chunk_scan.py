@@ -55,14 +55,20 @@ def _pad_axis(x, axis, size):
     return jnp.pad(x, widths)
 
 
-def chunk_decays(a, *, reverse):
+def chunk_decays(a, *, reverse, segments="direct"):
     """Chunk-local decay exponents (all ``<= 0``) of one chunk's log-decays ``a [C]`` float32.
 
     Returns ``(seg [C, C], head [C], tail [C])``: forward ``seg[i, j] = sum_{j < s <= i} a_s``,
-    reverse ``seg[i, j] = sum_{i < s <= j} a_s`` (0 outside that triangle), ``head_i = sum_{s <=
-    i} a_s`` (from the chunk start) and ``tail_j = sum_{s > j} a_s`` (to the chunk end), each
-    summed over its own segment (a masked cumsum) instead of differenced.
+    reverse ``seg[i, j] = sum_{i < s <= j} a_s`` (callers mask the other triangle),
+    ``head_i = sum_{s <= i} a_s`` (from the chunk start) and ``tail_j = sum_{s > j} a_s`` (to
+    the chunk end). ``segments="direct"`` sums each segment on its own (a masked cumsum of a
+    C x C matrix: no cancellation however strong the decay); ``"difference"`` takes differences
+    of the chunk cumsum ``head`` (cheaper; off by ~ulp(|head|) in the exponent).
     """
+    head = jnp.cumsum(a)
+    if segments == "difference":
+        seg = head[None, :] - head[:, None] if reverse else head[:, None] - head[None, :]
+        return seg, head, jnp.sum(a) - head
     idx = jnp.arange(a.shape[0])
     rows, cols = idx[:, None], idx[None, :]
     last = a.shape[0] - 1
@@ -72,10 +78,10 @@ def chunk_decays(a, *, reverse):
     else:
         seg = jnp.cumsum(jnp.where(rows > cols, a[:, None], 0.0), axis=0)
         tail = jnp.sum(jnp.where(rows == last, seg, 0.0), axis=0)
-    return seg, jnp.cumsum(a), tail
+    return seg, head, tail
 
 
-def chunk_output(q, k, v, a, state, *, reverse, strict, precision):
+def chunk_output(q, k, v, a, state, *, reverse, strict, precision, segments="direct"):
     """One chunk's outputs ``[C, BV]`` float32: the intra-chunk term plus the entering state's.
 
     q, k ``[C, Kp]`` and v ``[C, BV]`` in the input dtype, ``a [C]`` float32 log-decays,
@@ -88,7 +94,7 @@ def chunk_output(q, k, v, a, state, *, reverse, strict, precision):
         mask = rows < cols if strict else rows <= cols
     else:
         mask = rows > cols if strict else rows >= cols
-    seg, head, tail = chunk_decays(a, reverse=reverse)
+    seg, head, tail = chunk_decays(a, reverse=reverse, segments=segments)
     decay = jnp.exp(jnp.where(mask, seg, -jnp.inf))
     scores = pltriton.dot(q, k, trans_b=True, precision=precision) * decay
     out = pltriton.dot(scores.astype(dtype), v, precision=precision)
@@ -96,16 +102,16 @@ def chunk_output(q, k, v, a, state, *, reverse, strict, precision):
     return out + pltriton.dot(q_dec, state.astype(dtype), precision=precision)
 
 
-def chunk_update(k, v, a, *, reverse, precision):
+def chunk_update(k, v, a, *, reverse, precision, segments="direct"):
     """One chunk's contribution to the state, ``(K * exp(tail))^T V`` (reverse: ``exp(head)``),
     ``[Kp, BV]`` float32; the state leaving the chunk is ``exp(sum(a)) * state + this``."""
-    _, head, tail = chunk_decays(a, reverse=reverse)
+    _, head, tail = chunk_decays(a, reverse=reverse, segments=segments)
     k_dec = (k * jnp.exp(head if reverse else tail)[:, None]).astype(k.dtype)
     return pltriton.dot(k_dec, v, trans_a=True, precision=precision)
 
 
 def _kernel(q_ref, k_ref, v_ref, g_ref, s0_ref, o_ref, s_ref, *, chunk, num_chunks, reverse,
-            strict, precision):
+            strict, precision, segments):
     """One (batch, head, V-block) program.
 
     Refs: q, k ``[Lp, Kp]``; v, o ``[Lp, BV]``; g (log_decay) ``[Lp]``; s0, s ``[Kp, BV]``.
@@ -117,9 +123,9 @@ def _kernel(q_ref, k_ref, v_ref, g_ref, s0_ref, o_ref, s_ref, *, chunk, num_chun
         k, v = k_ref[sl, :], v_ref[sl, :]
         a = g_ref[sl].astype(jnp.float32)
         out = chunk_output(q_ref[sl, :], k, v, a, state, reverse=reverse, strict=strict,
-                           precision=precision)
+                           precision=precision, segments=segments)
         o_ref[sl, :] = out.astype(o_ref.dtype)
-        update = chunk_update(k, v, a, reverse=reverse, precision=precision)
+        update = chunk_update(k, v, a, reverse=reverse, precision=precision, segments=segments)
         return jnp.exp(jnp.sum(a)) * state + update
 
     if s0_ref is None:
@@ -131,10 +137,10 @@ def _kernel(q_ref, k_ref, v_ref, g_ref, s0_ref, o_ref, s_ref, *, chunk, num_chun
 
 @functools.partial(jax.jit, static_argnames=("reverse", "strict", "chunk", "block_v",
                                              "out_dtype", "interpret", "num_warps",
-                                             "num_stages"))
+                                             "num_stages", "segments"))
 def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=False,
                chunk=64, block_v=64, out_dtype=jnp.float32, interpret=False, num_warps=None,
-               num_stages=2):
+               num_stages=2, segments="direct"):
     """Chunked decayed linear scan in one direction (see the module docstring).
 
     Args:
@@ -149,6 +155,7 @@ def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=
       interpret: run the Pallas interpreter (CPU) instead of compiling with Triton.
       num_warps, num_stages: Triton launch settings (num_warps None: 8 for states of 64 x 64
         entries or more, else 4; measured best at D=64 and D=128, see docs/kernels.md).
+      segments: how the intra-chunk decay exponents are formed, see :func:`chunk_decays`.
     Returns:
       ``(o [B, L, H, V] out_dtype, state [B, H, K, V] float32)``.
     """
@@ -177,7 +184,7 @@ def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=
         args.append(_pad_axis(_pad_axis(initial_state.astype(jnp.float32), 2, kp), 3, vp))
 
     kernel = functools.partial(_kernel, chunk=chunk, num_chunks=L // chunk, reverse=reverse,
-                               strict=strict, precision=precision)
+                               strict=strict, precision=precision, segments=segments)
     o, state = pl.pallas_call(
         kernel,
         grid=(B, H, vp // bv),
