@@ -293,3 +293,39 @@ class TestBadInputs:
 
     def test_step_shapes(self):
         self.raises(r"one token", ops.causal_linear_attention_step, self.q, self.q, self.v)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_pallas_impl_routes_to_the_kernels(rng, normalize):
+    """impl="pallas" runs pallas_kernels (interpret mode on CPU) with the ops' semantics:
+    normalisation, initial/final states (also (S, z) pairs) and per-feature causal decay."""
+    q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float32, L=37,
+                                K=16, V=24)
+    lion = lambda impl: ops.lion_attention(q, k, v, a, normalize=normalize, impl=impl,  # noqa
+                                           chunk_size=16)
+    assert rel_err(lion("pallas"), lion("attention")) <= 1e-5
+
+    cut = 20
+    for log_decay in (a, -jnp.asarray(rng.uniform(0, 1, size=q.shape), jnp.float32)):
+        def causal(impl, s, state=None):
+            return ops.causal_linear_attention(q[:, s], k[:, s], v[:, s], log_decay[:, s],
+                                               normalize=normalize, impl=impl, chunk_size=16,
+                                               initial_state=state, return_final_state=True)
+        ref, ref_state = causal("attention", slice(None))
+        first, state = causal("pallas", slice(0, cut))
+        second, final_state = causal("pallas", slice(cut, None), state)
+        assert rel_err(jnp.concatenate([first, second], axis=1), ref) <= 1e-5
+        for x, y in zip(jax.tree.leaves(final_state), jax.tree.leaves(ref_state)):
+            assert rel_err(x, y) <= 1e-5
+
+
+def test_pallas_impl_rejects_unsupported_shapes_clearly(rng):
+    """A shape the kernels do not take is a ValueError with the reason, not a silent fallback;
+    impl="auto" never picks the kernels on a CPU."""
+    q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float32, L=9,
+                                K=8, V=8)
+    with pytest.raises(ValueError, match=r"head dim must be in \[16, 256\]"):
+        ops.lion_attention(q, k, v, a, impl="pallas")
+    assert jax.default_backend() == "cpu"
+    ref = ops.lion_attention(q, k, v, a, impl="attention")
+    assert rel_err(ops.lion_attention(q, k, v, a, impl="auto"), ref) == 0.0
