@@ -1,4 +1,5 @@
-"""ListOps generator: labels, bounds, structure, determinism, caching, argument checks."""
+"""ListOps generator (labels, bounds, structure, determinism, caching, argument checks) and the
+reader of LRA's official TSV files."""
 
 import os
 
@@ -169,3 +170,59 @@ def test_impossible_configuration_raises_runtime_error():
     with pytest.raises(RuntimeError, match="unique"):
         listops.generate_listops(num_train=500, num_val=1, num_test=1, min_length=3,
                                  max_length=5, max_depth=2, max_args=2)
+
+
+def _lra_source(expression):
+    """LRA's TSV `Source` of an expression `[OP a b ... ]`: its nested pairs, parenthesised
+    (`to_string` of LRA's generator: `[OP a b c ]` is the pair (((OP, a), b), c), END))."""
+    words = iter(expression.split())
+
+    def node(word):
+        if not word.startswith("["):
+            return word
+        pair = f"( {word} {node(next(words))} )"
+        for word in words:
+            if word == "]":
+                return f"( {pair} ] )"
+            pair = f"( {pair} {node(word)} )"
+
+    return node(next(words))
+
+
+def _write_tsv(path, sources, labels):
+    """A TSV file as LRA's `csv.writer` writes it (header row, CRLF line ends)."""
+    with open(path, "w", newline="") as f:
+        f.write("Source\tTarget\r\n")
+        f.writelines(f"{s}\t{y}\r\n" for s, y in zip(sources, labels))
+
+
+def test_tsv_matches_generated_data(tmp_path):
+    assert _lra_source("[MAX 2 9 ]") == "( ( ( [MAX 2 ) 9 ) ] )"
+    assert _lra_source("[MIN 4 [SM 1 2 ] ]") == "( ( ( [MIN 4 ) ( ( ( [SM 1 ) 2 ) ] ) ) ] )"
+    cfg = dict(num_train=30, num_val=5, num_test=5, min_length=5, max_length=64)
+    data = listops.generate_listops(**cfg)
+    for split, d in data.items():
+        expressions = [listops.detokenize(row[:n - 1]) for row, n in zip(d["tokens"], d["lengths"])]
+        _write_tsv(tmp_path / f"basic_{split}.tsv", map(_lra_source, expressions), d["labels"])
+    for split, d in data.items():
+        loaded = listops.load_listops_tsv(split, data_dir=str(tmp_path), max_length=64)
+        for key in ("tokens", "lengths", "labels"):
+            assert loaded[key].dtype == np.int32
+            np.testing.assert_array_equal(loaded[key], d[key])
+    with pytest.raises(ValueError, match=r"basic_train\.tsv has sequences of up to \d+ tokens"):
+        listops.load_listops_tsv("train", data_dir=str(tmp_path), max_length=20)
+
+
+def test_tsv_errors(tmp_path):
+    for data_dir, name in [(tmp_path / "missing", "basic_train.tsv"), ("", "data_dir")]:
+        with pytest.raises(FileNotFoundError) as error:
+            listops.load_listops_tsv("train", data_dir=str(data_dir))
+        message = str(error.value)
+        assert name in message and "\n" not in message
+        for instruction in ("lra_release.gz", "github.com/google-research/long-range-arena",
+                            "lra_release/listops-1000", "--config.data.source=tsv",
+                            "--config.data.data_dir=", "--config.data.source=generate"):
+            assert instruction in message
+    _write_tsv(tmp_path / "basic_val.tsv", ["( ( ( [MAX 2 ) 9 ) ] )", "[MAX 2 X ]"], [9, 9])
+    with pytest.raises(ValueError, match=r"basic_val\.tsv:3: not a ListOps sample"):
+        listops.load_listops_tsv("val", data_dir=str(tmp_path))

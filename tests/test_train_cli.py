@@ -79,6 +79,17 @@ def test_run_errors_are_one_line(tmp_path, cache_dir):
     assert os.listdir(workdir / "checkpoints") == ["2"]
 
 
+def test_missing_lra_files_are_one_line(tmp_path):
+    result = run("--config", TINY, "--config.data.source=tsv",
+                 f"--config.data.data_dir={tmp_path}", "--workdir", str(tmp_path / "run"))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [result.stderr.strip().splitlines()[-1]], result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{tmp_path / 'basic_train.tsv'} not found" in errors[0]
+    assert "lra_release" in errors[0]
+
+
 def test_tiny_run_writes_metrics_and_checkpoints_then_resumes(tmp_path, cache_dir):
     workdir = tmp_path / "tiny"
     args = ["--config", TINY, "--workdir", str(workdir), f"--config.data.cache_dir={cache_dir}"]

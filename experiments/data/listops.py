@@ -43,6 +43,9 @@ Data is cached: `load_listops` generates all three splits once per configuration
 them in `<cache_dir>/listops_<hash>.npz` (the hash covers every generation parameter and the
 generator version).
 
+LRA's official files: `load_listops_tsv` reads `basic_{train,val,test}.tsv` of LRA's release
+(same token ids, EOS and padding as the generated data; parsed on every call, no cache).
+
 CLI: `python -m experiments.data.listops --cache_dir DIR [--num_train N ...]`.
 """
 
@@ -63,6 +66,7 @@ FIRST_OP_ID = TOKENS.index("[MIN")  # id of operator k (in OPERATORS order) is F
 CLOSE_ID = TOKENS.index("]")
 EOS_ID = TOKENS.index("<eos>")
 _TOKEN_IDS = {t: i for i, t in enumerate(TOKENS)}
+_NO_PARENTHESES = str.maketrans("()", "  ")  # for `tokenize`
 VOCAB_SIZE = len(TOKENS)  # 17
 NUM_CLASSES = 10
 MAX_LENGTH = 2000  # padded width of the LRA configuration (expression < 2000 tokens, + EOS)
@@ -287,13 +291,19 @@ def _write_cache(path, data, params):
         raise
 
 
+def _pad(flat, lengths, max_length):
+    """Concatenated sequences `flat` with `lengths` [N] -> int32 [N, max_length], PAD_ID after."""
+    tokens = np.full((lengths.size, max_length), PAD_ID, np.int32)
+    tokens[np.arange(max_length) < lengths[:, None]] = flat
+    return tokens
+
+
 def _read_cache(path, split, max_length):
     """Reads one split back as int32 padded arrays (dict of `load_listops`)."""
     with np.load(path) as f:
         flat, lengths, labels = (f[f"{split}_{k}"] for k in ("flat_tokens", "lengths", "labels"))
-    tokens = np.full((lengths.size, max_length), PAD_ID, np.int32)
-    tokens[np.arange(max_length) < lengths[:, None]] = flat
-    return dict(tokens=tokens, lengths=lengths.astype(np.int32), labels=labels.astype(np.int32))
+    return dict(tokens=_pad(flat, lengths, max_length), lengths=lengths.astype(np.int32),
+                labels=labels.astype(np.int32))
 
 
 def load_listops(split, *, cache_dir, num_train=96000, num_val=2000, num_test=2000, seed=0,
@@ -335,13 +345,78 @@ def load_listops(split, *, cache_dir, num_train=96000, num_val=2000, num_test=20
 
 
 # --------------------------------------------------------------------------------------------
+# LRA's official files
+# --------------------------------------------------------------------------------------------
+
+TSV_HELP = (
+    "get LRA's official ListOps from the archive lra_release.gz linked in the Long Range Arena "
+    "README (https://github.com/google-research/long-range-arena; "
+    "https://storage.googleapis.com/long-range-arena/lra_release.gz), extract it "
+    "(tar xzf lra_release.gz) and pass --config.data.source=tsv "
+    "--config.data.data_dir=<dir containing basic_train.tsv> (lra_release/listops-1000 in the "
+    "archive); or use the default --config.data.source=generate to generate ListOps locally")
+
+
+def load_listops_tsv(split, *, data_dir, max_length=MAX_LENGTH):
+    """One split of LRA's official ListOps: `<data_dir>/basic_<split>.tsv`, parsed (no cache).
+
+    The file has a header row `Source<TAB>Target`, then one sample per line: LRA's
+    parenthesised expression (module docstring) and its label 0..9.
+
+    Args:
+      split: "train", "val" or "test".
+      data_dir: directory holding `basic_{train,val,test}.tsv` (`lra_release/listops-1000`).
+      max_length: padded width; every expression + EOS must fit (LRA's are < 2000 + EOS).
+
+    Returns:
+      dict(tokens=int32 [N, max_length] padded with PAD_ID, lengths=int32 [N] (with EOS),
+      labels=int32 [N] in 0..9), as `load_listops`.
+
+    Raises:
+      FileNotFoundError: no data_dir or no such file; the message says how to get the data.
+      ValueError: bad split, a malformed line, or a sequence longer than max_length.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    path = os.path.join(data_dir, f"basic_{split}.tsv")
+    if not data_dir or not os.path.isfile(path):
+        where = f"{path} not found" if data_dir else "no ListOps data_dir given"
+        raise FileNotFoundError(f"{where}: {TSV_HELP}")
+    sequences, labels = [], []
+    with open(path) as f:
+        if f.readline().split() != ["Source", "Target"]:
+            raise ValueError(f"{path}: the first line is not the header 'Source<TAB>Target'")
+        for line_number, line in enumerate(f, start=2):
+            try:
+                source, target = line.split("\t")
+                sequences.append(np.array(tokenize(source) + [EOS_ID], np.int32))
+                labels.append(int(target))
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"{path}:{line_number}: not a ListOps sample ({e!r})") from e
+    lengths = np.array([len(s) for s in sequences], np.int32)
+    labels = np.array(labels, np.int32)
+    if lengths.size == 0:
+        raise ValueError(f"{path} has no samples")
+    if lengths.max() > max_length:
+        raise ValueError(f"{path} has sequences of up to {lengths.max()} tokens (with EOS), "
+                         f"more than max_length={max_length}")
+    if not np.all((labels >= 0) & (labels < NUM_CLASSES)):
+        raise ValueError(f"{path} has labels outside 0..{NUM_CLASSES - 1}")
+    return dict(tokens=_pad(np.concatenate(sequences), lengths, max_length), lengths=lengths,
+                labels=labels)
+
+
+# --------------------------------------------------------------------------------------------
 # Tokens, evaluation, statistics
 # --------------------------------------------------------------------------------------------
 
 
 def tokenize(source):
-    """LRA TSV `Source` string (with or without parentheses) -> list of token ids (no EOS)."""
-    return [_TOKEN_IDS[t] for t in source.split() if t not in ("(", ")")]
+    """LRA TSV `Source` string (with or without parentheses) -> list of token ids (no EOS).
+
+    Parentheses are dropped; any other unknown token raises KeyError.
+    """
+    return list(map(_TOKEN_IDS.__getitem__, source.translate(_NO_PARENTHESES).split()))
 
 
 def detokenize(tokens):

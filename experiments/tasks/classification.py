@@ -19,21 +19,37 @@ SPLITS = ("train", "val", "test")
 
 
 def _load_listops(data_config):
-    """{split: arrays}, vocabulary size, number of classes (generated on first use)."""
+    """{split: arrays}, vocabulary size, number of classes.
+
+    ``data_config.source`` is "generate" (generated on first use and cached; the other keys are
+    `load_listops`'s arguments) or "tsv" (LRA's official files in ``data_dir``, padded to
+    ``max_length``).
+    """
     from experiments.data import listops
 
     kwargs = data_config.to_dict()
     kwargs.pop("name")
-    kwargs["cache_dir"] = os.path.expanduser(kwargs["cache_dir"])
-    try:
-        splits = {split: listops.load_listops(split, **kwargs) for split in SPLITS}
-    except (TypeError, ValueError) as e:
-        raise UserError(f"bad ListOps settings in config.data: {e}") from e
+    source, data_dir = kwargs.pop("source"), os.path.expanduser(kwargs.pop("data_dir"))
+    if source == "tsv":
+        try:
+            splits = {split: listops.load_listops_tsv(split, data_dir=data_dir,
+                                                      max_length=kwargs["max_length"])
+                      for split in SPLITS}
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(str(e)) from e
+    elif source == "generate":
+        kwargs["cache_dir"] = os.path.expanduser(kwargs["cache_dir"])
+        try:
+            splits = {split: listops.load_listops(split, **kwargs) for split in SPLITS}
+        except (TypeError, ValueError) as e:
+            raise UserError(f"bad ListOps settings in config.data: {e}") from e
+    else:
+        raise UserError(f"unknown config.data.source={source!r} (valid: generate, tsv)")
     return splits, listops.VOCAB_SIZE, listops.NUM_CLASSES
 
 
-# A dataset that must be downloaded (e.g. through tensorflow-datasets) raises UserError saying
-# how to get it when its files are missing; ListOps is generated locally on first use.
+# A dataset that must be downloaded raises UserError saying how to get it when its files are
+# missing (ListOps with source "tsv"); ListOps is generated locally by default.
 DATASETS = {"listops": _load_listops}
 
 
