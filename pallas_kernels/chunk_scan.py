@@ -55,6 +55,27 @@ def _pad_axis(x, axis, size):
     return jnp.pad(x, widths)
 
 
+def pad_layout(q, k, v, block_v, num_warps, num_stages):
+    """The tile layout every scan kernel uses, and its inputs padded to it.
+
+    K is padded to a power of two >= 16 and V to a multiple of the V-block ``bv`` (a power of
+    two >= 16, at most ``block_v``), as Triton tiles need. ``num_warps`` None: 8 for states of
+    64 x 64 entries or more, else 4 (measured best at D=64 and D=128, docs/kernels.md).
+
+    Returns:
+      ``(q, k, v, kp, bv, vp, precision, compiler_params)``; ``precision`` is HIGHEST (exact
+      float32 dots, no TF32) for float32 inputs, else None.
+    """
+    kp = _next_pow2(max(k.shape[-1], 16))
+    bv = min(block_v, _next_pow2(max(v.shape[-1], 16)))
+    vp = -(-v.shape[-1] // bv) * bv
+    q, k, v = _pad_axis(q, 3, kp), _pad_axis(k, 3, kp), _pad_axis(v, 3, vp)
+    precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    params = pltriton.CompilerParams(
+        num_warps=num_warps or (8 if kp * bv >= 64 * 64 else 4), num_stages=num_stages)
+    return q, k, v, kp, bv, vp, precision, params
+
+
 def chunk_decays(a, *, reverse, segments="direct"):
     """Chunk-local decay exponents (all ``<= 0``) of one chunk's log-decays ``a [C]`` float32.
 
@@ -161,12 +182,7 @@ def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
-    kp = _next_pow2(max(K, 16))
-    bv = min(block_v, _next_pow2(max(V, 16)))
-    vp = -(-V // bv) * bv
-    q, k = _pad_axis(q, 3, kp), _pad_axis(k, 3, kp)
-    v = _pad_axis(v, 3, vp)
-    precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
 
     in_specs = [
         pl.BlockSpec((None, L, None, kp), lambda b, h, j: (b, 0, h, 0)),
@@ -192,8 +208,7 @@ def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=
         out_specs=[pl.BlockSpec((None, L, None, bv), lambda b, h, j: (b, 0, h, j)), state_spec],
         out_shape=[jax.ShapeDtypeStruct((B, L, H, vp), out_dtype),
                    jax.ShapeDtypeStruct((B, H, kp, vp), jnp.float32)],
-        compiler_params=pltriton.CompilerParams(
-            num_warps=num_warps or (8 if kp * bv >= 64 * 64 else 4), num_stages=num_stages),
+        compiler_params=params,
         interpret=interpret,
         name="chunk_scan_reverse" if reverse else "chunk_scan",
     )(*args)

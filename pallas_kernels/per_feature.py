@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _next_pow2, _pad_axis
+from pallas_kernels.chunk_scan import _pad_axis, pad_layout
 from pallas_kernels.two_pass import prefix_states
 
 _EXACT = jax.lax.Precision.HIGHEST
@@ -158,15 +158,8 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     B, L, H, K = q.shape
     V = v.shape[-1]
     N = L // chunk
-    kp = _next_pow2(max(K, 16))
-    bv = min(block_v, _next_pow2(max(V, 16)))
-    vp = -(-V // bv) * bv
-    q, k = _pad_axis(q, 3, kp), _pad_axis(k, 3, kp)
-    v = _pad_axis(v, 3, vp)
+    q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp if on_key else vp)
-    precision = _EXACT if q.dtype == jnp.float32 else None
-    params = pltriton.CompilerParams(
-        num_warps=num_warps or (8 if kp * bv >= 64 * 64 else 4), num_stages=num_stages)
     grid = (B, H, N, vp // bv)
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _next_pow2, _pad_axis, chunk_output, chunk_update
+from pallas_kernels.chunk_scan import _pad_axis, chunk_output, chunk_update, pad_layout
 
 
 def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, reverse, precision):
@@ -108,15 +108,8 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     B, L, H, K = q.shape
     V = v.shape[-1]
     N = L // chunk
-    kp = _next_pow2(max(K, 16))
-    bv = min(block_v, _next_pow2(max(V, 16)))
-    vp = -(-V // bv) * bv
-    q, k = _pad_axis(q, 3, kp), _pad_axis(k, 3, kp)
-    v = _pad_axis(v, 3, vp)
+    q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
     g = log_decay.astype(jnp.float32)
-    precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-    params = pltriton.CompilerParams(
-        num_warps=num_warps or (8 if kp * bv >= 64 * 64 else 4), num_stages=num_stages)
     grid = (B, H, N, vp // bv)
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
