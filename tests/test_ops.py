@@ -320,12 +320,11 @@ def test_pallas_impl_routes_to_the_kernels(rng, normalize):
 
 
 def test_pallas_impl_rejects_unsupported_shapes_clearly(rng):
-    """A shape the kernels do not take is a ValueError with the reason, not a silent fallback;
-    impl="auto" never picks the kernels on a CPU."""
+    """A shape the kernels do not take is a ValueError with the reason for impl="pallas"; for
+    impl="auto" (CPU or GPU) it means an XLA form, here the materialized one (L <= 256)."""
     q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float32, L=9,
                                 K=8, V=8)
     with pytest.raises(ValueError, match=r"head dim must be in \[16, 256\]"):
         ops.lion_attention(q, k, v, a, impl="pallas")
-    assert jax.default_backend() == "cpu"
     ref = ops.lion_attention(q, k, v, a, impl="attention")
     assert rel_err(ops.lion_attention(q, k, v, a, impl="auto"), ref) == 0.0
