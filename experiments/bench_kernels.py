@@ -148,22 +148,29 @@ def inputs(B, L, H, D, rng):
 def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save):
     """Measures every op at one shape; appends to rows and calls save() after each row."""
     q, k, v, dy, g = inputs(B, L, H, D, rng)
+
+    def measure(name, kind, timer):
+        """Times one (op, pass) with ``timer() -> (ms, MiB)``; False once time is up."""
+        if out_of_time():
+            return False
+        try:
+            ms, mib = timer()
+        except Exception as e:  # a baseline that does not run here is reported, not fatal
+            print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
+            return True
+        rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, mib=mib))
+        print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib or 0:9.1f} MiB",
+              flush=True)
+        save()
+        return True
+
     jq, jk, jv, jdy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
     jg = jnp.asarray(g)
     for name, fn in jax_cases(quick).items():
         fwd_bwd = lambda q, k, v, g, fn=fn: jax.vjp(fn, q, k, v, g)[1](jdy)
         for kind, f in (("fwd", fn), ("fwd+bwd", fwd_bwd)):
-            if out_of_time():
+            if not measure(name, kind, lambda f=f: time_jax(f, (jq, jk, jv, jg), reps)):
                 return
-            try:
-                ms, mib = time_jax(f, (jq, jk, jv, jg), reps)
-            except Exception as e:  # a baseline that does not run here is reported, not fatal
-                print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
-                continue
-            rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, mib=mib))
-            print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib or 0:9.1f} MiB",
-                  flush=True)
-            save()
 
     cases = torch_cases()
     if not cases:
@@ -176,25 +183,16 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save):
     for name, (fn, has_bwd) in cases.items():
         leaves = [t.clone().requires_grad_(has_bwd) for t in (tq, tk, tv)]
 
-        def fwd():
+        def fwd(fn=fn, leaves=leaves):
             with torch.no_grad():
                 fn(*leaves, tg, gamma)
 
-        def fwd_bwd():
+        def fwd_bwd(fn=fn, leaves=leaves):
             fn(*leaves, tg, gamma).backward(tdy)
 
         for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd))[:2 if has_bwd else 1]:
-            if out_of_time():
+            if not measure(name, kind, lambda f=f: time_torch(f, reps)):
                 return
-            try:
-                ms, mib = time_torch(f, reps)
-            except Exception as e:
-                print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
-                continue
-            rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, mib=mib))
-            print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib:9.1f} MiB",
-                  flush=True)
-            save()
 
 
 def cross_check_with_fla(rng):

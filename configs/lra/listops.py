@@ -12,14 +12,12 @@ choices: 8 heads (S5's 8 HiPPO blocks), MLP width 2 * d_model, LayerNorm (S5 use
 no positional embedding (LION-S needs none; its decay orders the tokens). Data: LRA ListOps
 generated locally, 96k/2k/2k, lengths 500-2000 (+ EOS), max depth 10, up to 10 arguments.
 
-The dataset is generated once (23 s for the full set on a 16-core host) and cached in
+The dataset is generated once (20.6 s for the full set on the H200 host of the multi-GPU
+check, docs/benchmarks.md) and cached in
 ``config.data.cache_dir`` (default ``~/.cache/lion_jax/listops``; the file name encodes the
-generation settings, so variants never collide and every workdir shares the cache).
-``config.data.source`` picks the data: "generate" (default, as above) or "tsv", LRA's official
-files ``basic_{train,val,test}.tsv`` read from ``config.data.data_dir`` (``lra_release/
-listops-1000`` of LRA's release archive lra_release.gz; the generation keys other than
-``max_length``, the padded width, are then unused). On one
-H100 the default setting trains at about 7.8 steps/s (bf16, chunked LION-S): 2.7 h in all.
+generation settings, so variants never collide and every workdir shares the cache). On one
+H200 this model ran 7.2 steps/s at batch 64 in bf16 (docs/benchmarks.md); at that rate the
+76,800 steps of the default take about 3 h (an estimate; the full run was not made).
 """
 
 import ml_collections
@@ -27,7 +25,7 @@ import ml_collections
 from configs import common
 
 VARIANTS = {
-    "quick": "CPU smoke run (~6 min on 2 cores): 20k short expressions (lengths 17-63), "
+    "quick": "CPU smoke run (~4 min on 2 cores): 20k short expressions (lengths 17-63), "
              "2-layer width-64 model with CLS pooling, 1200 steps",
     "tiny": "seconds-long run for tests: 256 examples, 1-layer width-16 model, 4 steps",
 }
