@@ -2,6 +2,7 @@
 
     python -m experiments.bench_kernels --out workdir/bench_kernels [--lengths 4096,16384]
         [--dims 64,128] [--quick] [--deadline 500] [--fla-autotune-configs 1]
+        [--ops pallas_causal,fla] [--sweep 16384]
 
 Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
   ours      pallas_kernels.causal_linear_attention (per-token log_decay) and
@@ -145,12 +146,15 @@ def inputs(B, L, H, D, rng):
     return [x.astype(np.float32) for x in (q, k, v, dy, g)]
 
 
-def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save):
-    """Measures every op at one shape; appends to rows and calls save() after each row."""
+def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None):
+    """Measures every op (or those whose names start with one of ``ops``) at one shape;
+    appends to rows and calls save() after each row."""
     q, k, v, dy, g = inputs(B, L, H, D, rng)
 
     def measure(name, kind, timer):
         """Times one (op, pass) with ``timer() -> (ms, MiB)``; False once time is up."""
+        if ops and not name.startswith(tuple(ops)):
+            return True
         if out_of_time():
             return False
         try:
@@ -213,23 +217,29 @@ def cross_check_with_fla(rng):
 
 
 def sweep(B, L, H, dims, reps, rng):
-    """Causal forward time of the raw kernel for a few (chunk, block_v, num_warps)."""
-    print(f"sweep: pallas chunk_scan forward, B={B} L={L} H={H} bf16 (ms)")
+    """Causal forward time of the raw scans for a few launch settings: the sequential kernel
+    (chunk, block_v, num_warps) and the two-pass kernels (num_warps, splits of the states
+    kernel; splits None is the automatic choice)."""
+    print(f"sweep: pallas causal scan forward, B={B} L={L} H={H} bf16 (ms)")
+    settings = [("sequential", dict(chunk=64, block_v=block_v, num_warps=warps))
+                for block_v, warps in ((32, 4), (64, 4), (64, 8))]
+    settings += [("two_pass", dict(chunk=64, block_v=block_v, num_warps=warps, splits=splits))
+                 for block_v in (32, 64) for warps in (4, 8) for splits in (None, 1, 4, 16)]
     for D in dims:
         q, k, v, _, g = inputs(B, L, H, D, rng)
         args = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)] + [jnp.asarray(g)]
-        for chunk, block_v, num_warps in ((64, 32, 4), (64, 64, 4), (64, 64, 8), (128, 64, 8)):
-            fn = lambda q, k, v, g: pallas_kernels.chunk_scan(
-                q, k, v, g, chunk=chunk, block_v=block_v, num_warps=num_warps,
-                out_dtype=jnp.bfloat16)
+        for algorithm, kwargs in settings:
+            scan = (pallas_kernels.chunk_scan if algorithm == "sequential"
+                    else pallas_kernels.chunk_scan_two_pass)
+            fn = lambda q, k, v, g, scan=scan, kwargs=kwargs: scan(
+                q, k, v, g, out_dtype=jnp.bfloat16, **kwargs)
+            label = f"D={D:4d} {algorithm:10s} " + " ".join(f"{a}={b}" for a, b in kwargs.items())
             try:
                 ms, _ = time_jax(fn, args, reps)
             except Exception as e:
-                print(f"  D={D} chunk={chunk} block_v={block_v} warps={num_warps}: "
-                      f"failed: {type(e).__name__}: {e}"[:300])
+                print(f"  {label}: failed: {type(e).__name__}: {e}"[:300])
                 continue
-            print(f"  D={D:4d} chunk={chunk:4d} block_v={block_v:4d} warps={num_warps}: "
-                  f"{ms:8.3f}", flush=True)
+            print(f"  {label}: {ms:8.3f}", flush=True)
 
 
 RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
@@ -313,6 +323,8 @@ def main():
                         help="keep only the first N configs of each Triton autotuner (0: all)")
     parser.add_argument("--sweep", type=int, default=0, metavar="L",
                         help="first time the causal kernel's block settings at this L")
+    parser.add_argument("--ops", default="", metavar="PREFIXES",
+                        help="comma-separated op-name prefixes to time (default: all)")
     args = parser.parse_args()
     lengths = [4096, 16384] if args.quick else [int(x) for x in args.lengths.split(",")]
     dims = [64] if args.quick else [int(x) for x in args.dims.split(",")]
@@ -355,7 +367,7 @@ def main():
             if out_of_time():
                 break
             bench_shape(args.batch, L, args.heads, D, reps, rng, rows, args.quick, out_of_time,
-                        save)
+                        save, [x for x in args.ops.split(",") if x])
     if rows:
         plot(rows, os.path.join(args.out, "results.png"))
         print(markdown(rows, header))

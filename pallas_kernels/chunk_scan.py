@@ -76,30 +76,34 @@ def pad_layout(q, k, v, block_v, num_warps, num_stages):
     return q, k, v, kp, bv, vp, precision, params
 
 
+def chunk_ends(a):
+    """``(head [C], tail [C])`` of one chunk's log-decays ``a [C]`` float32: ``head_i = sum_{s <= i}
+    a_s`` (decay from the chunk start) and ``tail_j = sum_{s > j} a_s`` (to the chunk end), each
+    summed directly (``tail`` as a masked row sum, not ``sum(a) - head``), so both are exact to
+    rounding however strong the decay."""
+    idx = jnp.arange(a.shape[0])
+    tail = jnp.sum(jnp.where(idx[None, :] > idx[:, None], a[None, :], 0.0), axis=1)
+    return jnp.cumsum(a), tail
+
+
 def chunk_decays(a, *, reverse, segments="direct"):
     """Chunk-local decay exponents (all ``<= 0``) of one chunk's log-decays ``a [C]`` float32.
 
     Returns ``(seg [C, C], head [C], tail [C])``: forward ``seg[i, j] = sum_{j < s <= i} a_s``,
-    reverse ``seg[i, j] = sum_{i < s <= j} a_s`` (callers mask the other triangle),
-    ``head_i = sum_{s <= i} a_s`` (from the chunk start) and ``tail_j = sum_{s > j} a_s`` (to
-    the chunk end). ``segments="direct"`` sums each segment on its own (a masked cumsum of a
-    C x C matrix: no cancellation however strong the decay); ``"difference"`` takes differences
-    of the chunk cumsum ``head`` (cheaper; off by ~ulp(|head|) in the exponent).
+    reverse ``seg[i, j] = sum_{i < s <= j} a_s`` (each zero on and beyond the diagonal: callers
+    mask the other triangle) and ``head``, ``tail`` of :func:`chunk_ends`. ``segments="direct"``
+    sums each segment on its own (a masked cumsum of a C x C matrix: no cancellation however
+    strong the decay); ``"difference"`` takes differences of the chunk cumsum ``head`` (cheaper;
+    off by ~ulp(|head|) in the exponent).
     """
-    head = jnp.cumsum(a)
+    head, tail = chunk_ends(a)
     if segments == "difference":
         seg = head[None, :] - head[:, None] if reverse else head[:, None] - head[None, :]
-        return seg, head, jnp.sum(a) - head
+        return seg, head, tail
     idx = jnp.arange(a.shape[0])
     rows, cols = idx[:, None], idx[None, :]
-    last = a.shape[0] - 1
-    if reverse:
-        seg = jnp.cumsum(jnp.where(cols > rows, a[None, :], 0.0), axis=1)
-        tail = jnp.sum(jnp.where(cols == last, seg, 0.0), axis=1)
-    else:
-        seg = jnp.cumsum(jnp.where(rows > cols, a[:, None], 0.0), axis=0)
-        tail = jnp.sum(jnp.where(rows == last, seg, 0.0), axis=0)
-    return seg, head, tail
+    seg = jnp.cumsum(jnp.where(rows > cols, a[:, None], 0.0), axis=0)
+    return (seg.T if reverse else seg), head, tail
 
 
 def chunk_output(q, k, v, a, state, *, reverse, strict, precision, segments="direct"):
@@ -123,10 +127,10 @@ def chunk_output(q, k, v, a, state, *, reverse, strict, precision, segments="dir
     return out + pltriton.dot(q_dec, state.astype(dtype), precision=precision)
 
 
-def chunk_update(k, v, a, *, reverse, precision, segments="direct"):
+def chunk_update(k, v, a, *, reverse, precision):
     """One chunk's contribution to the state, ``(K * exp(tail))^T V`` (reverse: ``exp(head)``),
     ``[Kp, BV]`` float32; the state leaving the chunk is ``exp(sum(a)) * state + this``."""
-    _, head, tail = chunk_decays(a, reverse=reverse, segments=segments)
+    head, tail = chunk_ends(a)
     k_dec = (k * jnp.exp(head if reverse else tail)[:, None]).astype(k.dtype)
     return pltriton.dot(k_dec, v, trans_a=True, precision=precision)
 
@@ -146,7 +150,7 @@ def _kernel(q_ref, k_ref, v_ref, g_ref, s0_ref, o_ref, s_ref, *, chunk, num_chun
         out = chunk_output(q_ref[sl, :], k, v, a, state, reverse=reverse, strict=strict,
                            precision=precision, segments=segments)
         o_ref[sl, :] = out.astype(o_ref.dtype)
-        update = chunk_update(k, v, a, reverse=reverse, precision=precision, segments=segments)
+        update = chunk_update(k, v, a, reverse=reverse, precision=precision)
         return jnp.exp(jnp.sum(a)) * state + update
 
     if s0_ref is None:

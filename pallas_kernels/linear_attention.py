@@ -25,9 +25,16 @@ and, with the decay now on the state's K axis, ``dq = scan_value(do, v, k; S0^T)
 ``dS0``) and ``dA_t = q_t * dq_t - k_t * dk_t`` elementwise (``+ sum_v S_T * dS_T`` at the last
 token), reverse-cumsummed over L.
 
-Each scan runs as ``algorithm="sequential"`` (``chunk_scan``: one program per (b, h, V-block)
-walking the chunks) or ``"two_pass"`` (``two_pass.py``: chunk states, a prefix scan over chunks,
-chunk outputs, each chunk its own program); per-feature decay always uses the chunk-parallel form.
+Two algorithms. ``"two_pass"`` (the default): a states kernel walks the chunks (one small
+matmul per step, ``two_pass.py``), then every chunk is a program of its own; the causal forward
+is ``chunk_scan_two_pass``, its backward one fused kernel (``causal_backward.py``: dq, dk, dv
+and dA from the forward and reverse states in one pass); LION's forward is one fused
+bidirectional kernel with the normaliser in the same pass and its backward another
+(``bidirectional.py``). Head dims above 128 fall back to the scans above (three for the causal
+backward, three fused bidirectional scans for LION's). ``"sequential"``: every scan is
+``chunk_scan`` (one program per (b, h, V-block) walking the chunks), LION as a forward plus a
+reverse scan with the normaliser as a ones column of V. Per-feature decay always uses the
+chunk-parallel form of ``per_feature.py``.
 """
 
 import functools
@@ -35,15 +42,20 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
+from pallas_kernels.bidirectional import supported as lion_backward_supported
+from pallas_kernels.causal_backward import causal_backward
+from pallas_kernels.causal_backward import supported as causal_backward_supported
 from pallas_kernels.chunk_scan import chunk_scan
 from pallas_kernels.per_feature import chunk_scan_per_feature
 from pallas_kernels.two_pass import chunk_scan_two_pass
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 ALGORITHMS = ("sequential", "two_pass")
-# algorithm=None picks "sequential": on an H200 (2026-11-21, B4 H16 D64 bf16, docs/benchmarks.md)
-# the two-pass form was 1.7-2.3x slower at L = 4K and 16K, forward and backward.
-DEFAULT_ALGORITHM = "sequential"
+# algorithm=None picks "two_pass": with its fused backward kernels it was 1.2-3.3x faster than
+# "sequential" forward+backward at L = 4K and 16K, D = 64 and 128 (H100, 2026-11-21,
+# docs/benchmarks.md); the forward alone was within 10 % of it at D = 128.
+DEFAULT_ALGORITHM = "two_pass"
 
 
 def _scan(q, k, v, g, s0=None, *, algorithm=None, decay_on="key", **kwargs):
@@ -79,6 +91,11 @@ def _causal_bwd(cfg, res, cotangents):
     q, k, v, g, s0, state = res
     dy, d_state = cotangents
     dy = dy.astype(v.dtype)
+    if (cfg.get("algorithm") == "two_pass" and g.ndim == 3
+            and causal_backward_supported(q.shape[-1], v.shape[-1])):
+        dq, dk, dv, dlog_decay, ds0 = causal_backward(
+            q, k, v, g, s0, state, dy, d_state, chunk=cfg["chunk"], interpret=cfg["interpret"])
+        return dq, dk, dv, dlog_decay.astype(g.dtype), ds0
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
     dq, _ = _scan(dy, v, k, g, s0_t, decay_on="value", **cfg)
     dk, _ = _scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), decay_on="value", reverse=True,
@@ -132,6 +149,56 @@ def _bidir_bwd(cfg, res, dy):
 
 
 _bidir.defvjp(_bidir_fwd, _bidir_bwd)
+
+
+# ------------------------------------------------------- bidirectional core, fused kernels
+
+
+def _fused_cfg(cfg):
+    return {key: val for key, val in cfg.items() if key != "algorithm"}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _lion(q, k, v, g, cfg, normalize, eps):
+    """LION output ``[B, Lp, H, V]`` in v.dtype from the fused kernel (normalised or not)."""
+    out = bidirectional_scan(q, k, v, g, normalize=normalize, eps=eps, **_fused_cfg(cfg))
+    return out[0] if normalize else out
+
+
+def _lion_fwd(q, k, v, g, cfg, normalize, eps):
+    out = bidirectional_scan(q, k, v, g, normalize=normalize, eps=eps, **_fused_cfg(cfg))
+    y, den = out if normalize else (out, None)
+    return y, (q, k, v, g, y, den)
+
+
+def _lion_bwd(cfg, normalize, eps, res, dy):
+    """With ``y = num / (den + eps)``: ``dnum = dy / (den + eps)`` and
+    ``dden = -(dy . y) / (den + eps)``; since ``den = Bidir(q, k, 1)`` the pair enters the dq and
+    dk scans as one more feature column (``[dnum | dden]`` against ``[v | 1]``)."""
+    q, k, v, g, y, den = res
+    scan = functools.partial(bidirectional_scan, **_fused_cfg(cfg))
+    dnum, dden = dy, None
+    dq_in, v_in = dy, v
+    if normalize:
+        inv = 1.0 / (den + eps)
+        dnum = (dy.astype(jnp.float32) * inv[..., None]).astype(v.dtype)
+        dden = -_dot_last(dy, y) * inv
+    if lion_backward_supported(q.shape[-1], v.shape[-1]):
+        dq, dk, dv, dlog_decay = lion_backward(q, k, v, g, dnum, dden, normalize=normalize,
+                                               chunk=cfg["chunk"], interpret=cfg["interpret"])
+        return dq, dk, dv, dlog_decay.astype(g.dtype)
+    if normalize:  # larger head dims: three fused scans, [dnum | dden] against [v | 1]
+        dq_in = jnp.concatenate([dnum, dden[..., None].astype(v.dtype)], axis=-1)
+        v_in = jnp.concatenate([v, jnp.ones(v.shape[:3] + (1,), v.dtype)], axis=-1)
+    dq, r_q = scan(dq_in, v_in, k, g, q, out_dtype=q.dtype)
+    dk, r_k = scan(v_in, dq_in, q, g, k, out_dtype=k.dtype)
+    dv = scan(k, q, dnum, g, out_dtype=v.dtype)
+    # dA_t = q_t.(dq_causal - dq_anticausal) - k_t.(dk_causal - dk_anticausal); for dk the
+    # kernel's "j < t" part is the anti-causal one, so r_k already carries the minus sign.
+    return dq, dk, dv, _reverse_cumsum(r_q + r_k).astype(g.dtype)
+
+
+_lion.defvjp(_lion_fwd, _lion_bwd)
 
 
 def _dot_last(a, b):
@@ -274,6 +341,8 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
     L, V = q.shape[1], v.shape[-1]
     out_dtype = v.dtype
     q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm)
+    if cfg["algorithm"] == "two_pass":
+        return _lion(q, k, v, g, cfg, normalize, float(eps))[:, :L].astype(out_dtype)
     if normalize:  # a ones column in V carries the denominator through the same kernel
         v = jnp.concatenate([v, jnp.ones(v.shape[:3] + (1,), v.dtype)], axis=-1)
     y = _bidir(q, k, v, g, cfg)[:, :L]

@@ -13,8 +13,8 @@ from the last token (``sum_{j >= i}``, decays ``A_j - A_i``) by flipping L and s
 log-decays by one token in XLA (the reverse recurrence decays on leaving a token); its end
 state, the state before token 0, then takes the decay of token 0.
 
-Structure: the three passes of ``two_pass.py`` (chunk states, a prefix scan over chunks, chunk
-outputs). The state terms take per-feature factors directly: ``exp(b_i)`` on q (or on the output)
+Structure: three passes (chunk states in parallel, :func:`prefix_states` walking the chunks,
+chunk outputs in parallel). The state terms take per-feature factors directly: ``exp(b_i)`` on q (or on the output)
 and ``exp(b_C - b_j)`` on k (or on v), all exponents <= 0.
 
 Intra-chunk term and its stability. With per-feature decay the C x C scores
@@ -43,7 +43,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _pad_axis, pad_layout
-from pallas_kernels.two_pass import prefix_states
 
 _EXACT = jax.lax.Precision.HIGHEST
 
@@ -51,6 +50,54 @@ _EXACT = jax.lax.Precision.HIGHEST
 def _segment_sums(a, mask):
     """``out_j = sum_s mask[j, s] a_s`` as an exact float32 product: ``[C, C] x [C, D]``."""
     return pltriton.dot(mask.astype(jnp.float32), a, precision=_EXACT)
+
+
+def _prefix_kernel(u_ref, d_ref, s0_ref, s_in_ref, s_ref, *, num_chunks, reverse):
+    """Pass B, one (b, h, V-block): u, s_in ``[N, Kp, BV]`` (aliased); d ``[N, dk, dv]`` chunk
+    decay factors with dk in {1, Kp}, dv in {1, BV}; s0, s ``[Kp, BV]`` (s0_ref may be None)."""
+    def body(step, state):
+        n = num_chunks - 1 - step if reverse else step
+        update = u_ref[n]
+        s_in_ref[n] = state
+        return d_ref[n] * state + update
+
+    state = (jnp.zeros(s_ref.shape, jnp.float32) if s0_ref is None
+             else s0_ref[...].astype(jnp.float32))
+    s_ref[...] = jax.lax.fori_loop(0, num_chunks, body, state)
+
+
+def prefix_states(u, decay, initial_state, *, reverse, block_v, interpret, num_warps=4):
+    """Pass B: the state entering each chunk and the final state.
+
+    Args:
+      u: ``[B, H, N, Kp, Vp]`` float32 chunk contributions (Vp a multiple of block_v).
+      decay: ``[B, H, N, dk, dv]`` float32 factor each chunk multiplies the state by
+        (``exp`` of its summed log-decays), dk in {1, Kp} and dv in {1, Vp}.
+      initial_state: None or ``[B, H, Kp, Vp]`` float32.
+      reverse: walk the chunks from the last one.
+    Returns:
+      ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])`` float32; s_in reuses u's buffer.
+    """
+    B, H, N, kp, vp = u.shape
+    dk, dv = decay.shape[-2:]
+    bv = min(block_v, vp)
+    chunks_spec = pl.BlockSpec((None, None, N, kp, bv), lambda b, h, j: (b, h, 0, 0, j))
+    decay_spec = pl.BlockSpec((None, None, N, dk, dv if dv == 1 else bv),
+                              lambda b, h, j: (b, h, 0, 0, 0 if dv == 1 else j))
+    state_spec = pl.BlockSpec((None, None, kp, bv), lambda b, h, j: (b, h, 0, j))
+    kernel = functools.partial(_prefix_kernel, num_chunks=N, reverse=reverse)
+    return pl.pallas_call(
+        kernel,
+        grid=(B, H, vp // bv),
+        in_specs=[chunks_spec, decay_spec, None if initial_state is None else state_spec],
+        out_specs=[chunks_spec, state_spec],
+        out_shape=[jax.ShapeDtypeStruct(u.shape, jnp.float32),
+                   jax.ShapeDtypeStruct((B, H, kp, vp), jnp.float32)],
+        input_output_aliases={0: 0},
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="prefix_states",
+    )(u, decay, initial_state)
 
 
 def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision):

@@ -77,6 +77,7 @@ CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state, algorithm
     (100, 16, 32, 16, "strong", True, "two_pass"),
     (130, 32, 16, 32, "zero", False, "two_pass"),
     (64, 16, 16, 16, "mild", True, "sequential"),
+    (40, 16, 144, 16, "strong", True, "two_pass"),  # V > 128: three-scan backward
 ]
 PER_FEATURE_CASES = [  # per-feature decay [B, L, H, K] (algorithm None: always chunk-parallel)
     (1, 16, 32, 16, "strong", False, None),
@@ -124,6 +125,8 @@ BIDIR_CASES = [  # L, K, V, chunk, decay, normalize, algorithm
     (100, 16, 32, 32, "none", True, "two_pass"),
     (130, 32, 16, 32, "mild", True, "sequential"),
     (130, 16, 16, 16, "zero", False, "two_pass"),
+    (90, 24, 40, 32, "strong", True, "two_pass"),
+    (40, 16, 144, 16, "mild", True, "two_pass"),  # V > 128: three fused scans backward
 ]
 
 
@@ -183,15 +186,17 @@ def test_half_precision(rng, dtype, op):
     check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"])
 
 
-@pytest.mark.parametrize("reverse,strict", [(False, False), (True, True)])
-def test_two_pass_matches_sequential_scan(rng, reverse, strict):
-    """The chunk-parallel scan equals the sequential one (same float32 operations per chunk)."""
-    B, L, H, K, V = 1, 96, 2, 16, 48
-    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "strong")
+@pytest.mark.parametrize("reverse,strict,splits", [(False, False, 1), (True, True, 2),
+                                                   (False, True, 4), (True, False, 8)])
+def test_two_pass_matches_sequential_scan(rng, reverse, strict, splits):
+    """The chunk-parallel scan equals the sequential one, also when the states kernel cuts the
+    chunks into runs (``splits``) and joins them through the run end states."""
+    B, L, H, K, V = 1, 128, 2, 16, 48
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "mild")
     s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
-    kwargs = dict(reverse=reverse, strict=strict, chunk=32, block_v=32, interpret=not ON_GPU)
+    kwargs = dict(reverse=reverse, strict=strict, chunk=16, block_v=32, interpret=not ON_GPU)
     want = pallas_kernels.chunk_scan(q, k, v, g, s0, **kwargs)
-    got = pallas_kernels.chunk_scan_two_pass(q, k, v, g, s0, **kwargs)
+    got = pallas_kernels.chunk_scan_two_pass(q, k, v, g, s0, splits=splits, **kwargs)
     for a, b in zip(got, want):
         assert rel_err(a, b) <= TOL[jnp.float32] / 10
 

@@ -1,0 +1,260 @@
+"""Fused bidirectional (LION) chunked scan: one output kernel for both directions.
+
+For ``M_ij = exp(-|A_i - A_j|)`` (``A = cumsum(log_decay)`` over L) :func:`bidirectional_scan`
+computes
+
+    num_i = sum_j (q_i . k_j) M_ij v_j,     den_i = sum_j (q_i . k_j) M_ij,
+    o_i = num_i / (den_i + eps)   (normalize)   or   num_i
+
+in three launches (plus two short ones when the states kernel splits the chunks, see
+``two_pass.py``): the states kernel forward (``hf[n]``, the state of every chunk before n) and in
+reverse (``hb[n]``, of every chunk after n), then one output kernel per chunk:
+
+    S_n   = (Q K^T) * exp(seg + seg^T)            [C, C], seg[i, j] = sum_{j < s <= i} a_s
+    num_n = S_n V + (Q * exp(head)) hf[n] + (Q * exp(tail)) hb[n]
+    den_n = rowsum(S_n) + (Q * exp(head)) zf[n] + (Q * exp(tail)) zb[n]
+
+The intra-chunk block is computed once with the symmetric mask (the diagonal counted once:
+``seg + seg^T`` is 0 there), and the normaliser comes out of the same pass: ``zf``, ``zb`` are
+the normaliser states ``sum_j decay_j k_j`` that the states kernel carries beside the state
+(``with_z``). Every exponent is a chunk-local
+sum of log-decays (<= 0), summed directly.
+
+For the backward pass (``linear_attention.py``) the kernel also takes a ``partner [B, L, H, V]``
+and returns ``r_i = partner_i . (sum_{j < i} - sum_{j > i})`` of the same terms (the causal
+part minus the anti-causal part, one more matmul with the signed scores): the per-token
+derivative with respect to the cumulative log-decay needs exactly that difference.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.chunk_scan import _pad_axis, chunk_decays, pad_layout
+from pallas_kernels.two_pass import chunk_states
+
+
+def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize, eps, signed,
+                   precision):
+    """One (b, h, n, V-block): q, k ``[C, Kp]``; v, o (and partner) ``[C, BV]``; g ``[C]``;
+    hf, hb ``[Kp, BV]``; zf, zb ``[Kp]`` (normalize); den, r ``[C]`` float32."""
+    refs = list(refs)
+    zf_ref, zb_ref = (refs.pop(0), refs.pop(0)) if normalize else (None, None)
+    p_ref = refs.pop(0) if signed else None
+    o_ref = refs.pop(0)
+    q, k, v = q_ref[...], k_ref[...], v_ref[...]
+    dtype = q.dtype
+    a = g_ref[...].astype(jnp.float32)
+    seg, head, tail = chunk_decays(a, reverse=False)
+    scores = pltriton.dot(q, k, trans_b=True, precision=precision) * jnp.exp(seg + seg.T)
+    q_f = q * jnp.exp(head)[:, None]
+    q_b = q * jnp.exp(tail)[:, None]
+    inter_f = pltriton.dot(q_f.astype(dtype), hf_ref[...], precision=precision)
+    inter_b = pltriton.dot(q_b.astype(dtype), hb_ref[...], precision=precision)
+    num = pltriton.dot(scores.astype(dtype), v, precision=precision) + inter_f + inter_b
+    if normalize:
+        zf = zf_ref[...].astype(jnp.float32)
+        zb = zb_ref[...].astype(jnp.float32)
+        den = (jnp.sum(scores, axis=1) + jnp.sum(q_f * zf[None, :], axis=1)
+               + jnp.sum(q_b * zb[None, :], axis=1))
+        o_ref[...] = (num / (den + eps)[:, None]).astype(o_ref.dtype)
+        refs.pop(0)[...] = den
+    else:
+        o_ref[...] = num.astype(o_ref.dtype)
+    if signed:
+        idx = jnp.arange(a.shape[0])
+        rows, cols = idx[:, None], idx[None, :]
+        sign = jnp.where(rows > cols, 1.0, jnp.where(rows < cols, -1.0, 0.0))
+        diff = (pltriton.dot((scores * sign).astype(dtype), v, precision=precision)
+                + inter_f - inter_b)
+        refs.pop(0)[...] = jnp.sum(p_ref[...].astype(jnp.float32) * diff, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("normalize", "eps", "chunk", "block_v",
+                                             "out_dtype", "interpret", "num_warps",
+                                             "num_stages", "splits"))
+def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps=1e-6,
+                       chunk=64, block_v=64, out_dtype=None, interpret=False, num_warps=None,
+                       num_stages=2, splits=None):
+    """LION attention, both directions fused (see the module docstring).
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
+      log_decay: ``[B, L, H]``, entries ``<= 0``.
+      partner: None or ``[B, L, H, V]``: also return ``r`` (causal minus anti-causal part of
+        the output, dotted with ``partner``).
+      normalize, eps: divide by ``den + eps``; also return ``den``.
+      chunk, block_v, interpret, num_warps, num_stages: as for ``chunk_scan``.
+      out_dtype: dtype of ``o`` (None: v.dtype).
+      splits: runs the states kernel cuts the chunks into (see ``two_pass.chunk_states``).
+    Returns:
+      ``o [B, L, H, V]``, then ``den [B, L, H]`` float32 if normalize, then ``r [B, L, H]``
+      float32 if partner is given (a tuple when more than ``o``).
+    """
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    out_dtype = out_dtype or v.dtype
+    q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps or 4,
+                                                        num_stages)
+    g = log_decay.astype(jnp.float32)
+    states = functools.partial(chunk_states, k, v, g, None, chunk=chunk, bv=bv,
+                               precision=precision, num_stages=num_stages,
+                               interpret=interpret, splits=splits, with_z=normalize)
+    forward, backward = states(reverse=False), states(reverse=True)  # (h, [z,] final)
+    hf, hb = forward[0], backward[0]
+
+    N, nvb = L // chunk, vp // bv
+    qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
+    v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
+    row_spec = pl.BlockSpec((None, None, chunk, None), lambda b, h, n, j: (b, j, n, h))
+    h_spec = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, n, j: (b, h, n, 0, j))
+    args = [q, k, v, g, hf, hb]
+    in_specs = [qk_spec, qk_spec, v_spec,
+                pl.BlockSpec((None, chunk, None), lambda b, h, n, j: (b, n, h)), h_spec, h_spec]
+    out_specs = [v_spec]
+    out_shape = [jax.ShapeDtypeStruct((B, L, H, vp), out_dtype)]
+    row_shape = jax.ShapeDtypeStruct((B, nvb, L, H), jnp.float32)
+    if normalize:
+        z_spec = pl.BlockSpec((None, None, None, None, kp), lambda b, h, n, j: (b, h, 0, n, 0))
+        args += [forward[1], backward[1]]
+        in_specs += [z_spec, z_spec]
+        out_specs.append(row_spec)
+        out_shape.append(row_shape)
+    if partner is not None:
+        args.append(_pad_axis(partner.astype(v.dtype), 3, vp))
+        in_specs.append(v_spec)
+        out_specs.append(row_spec)
+        out_shape.append(row_shape)
+    outs = pl.pallas_call(
+        functools.partial(_output_kernel, normalize=normalize, eps=eps,
+                          signed=partner is not None, precision=precision),
+        grid=(B, H, N, nvb), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        compiler_params=params, interpret=interpret, name="bidirectional_outputs",
+    )(*args)
+    outs = [outs[0][..., :V]] + list(outs[1:])
+    if normalize:
+        outs[1] = outs[1][:, 0]
+    if partner is not None:
+        outs[-1] = jnp.sum(outs[-1], axis=1)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# ---------------------------------------------------------------------------- fused backward
+
+# Head dims up to which the fused backward holds whole [Kp, Vp] tiles in one program.
+MAX_BACKWARD_DIM = 128
+
+
+def supported(k_dim, v_dim):
+    """Whether :func:`lion_backward` takes these head dims (else three fused scans)."""
+    return max(k_dim, v_dim) <= MAX_BACKWARD_DIM
+
+
+def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, dhb_ref, *refs,
+                  normalize, precision):
+    """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, dnum, dv ``[C, Vp]``; g, da ``[C]``;
+    hf, hb, dhf, dhb ``[Kp, Vp]``; with normalize also dden ``[C]`` and zf, zb, dzf, dzb
+    ``[Kp]`` (the z states of the forward (k, 1) and of (q, dden))."""
+    refs = list(refs)
+    if normalize:
+        dd_ref, zf_ref, zb_ref, dzf_ref, dzb_ref = refs[:5]
+        refs = refs[5:]
+    dq_ref, dk_ref, dv_ref, da_ref = refs
+    q, k, v, dn = q_ref[...], k_ref[...], v_ref[...], dn_ref[...]
+    dtype = q.dtype
+    f32 = jnp.float32
+    dot = functools.partial(pltriton.dot, precision=precision)
+    a = g_ref[...].astype(f32)
+    seg, head, tail = chunk_decays(a, reverse=False)
+    mask = jnp.exp(seg + seg.T)
+    idx = jnp.arange(a.shape[0])
+    sign = jnp.where(idx[:, None] > idx[None, :], 1.0, jnp.where(idx[:, None] < idx[None, :],
+                                                                 -1.0, 0.0))
+    eh, et = jnp.exp(head)[:, None], jnp.exp(tail)[:, None]
+    p = (dot(q, k, trans_b=True) * mask).astype(dtype)
+    grad_w = dot(dn, v, trans_b=True)  # d loss / d (s_ij M_ij), before the mask
+    dq_f = dot(dn, hf_ref[...], trans_b=True)  # from keys before the chunk (causal)
+    dq_b = dot(dn, hb_ref[...], trans_b=True)  # keys after it (anti-causal)
+    dk_c = dot(v, dhb_ref[...], trans_b=True)  # queries after the chunk (causal for the key)
+    dk_a = dot(v, dhf_ref[...], trans_b=True)  # queries before it (anti-causal)
+    if normalize:
+        dd = dd_ref[...].astype(f32)
+        grad_w = grad_w + dd[:, None]
+        dq_f = dq_f + dd[:, None] * zf_ref[...][None, :]
+        dq_b = dq_b + dd[:, None] * zb_ref[...][None, :]
+        dk_c = dk_c + dzb_ref[...][None, :]
+        dk_a = dk_a + dzf_ref[...][None, :]
+    grad_w = grad_w * mask
+    gw, gw_signed = grad_w.astype(dtype), (grad_w * sign).astype(dtype)
+    dq_f, dq_b, dk_c, dk_a = dq_f * eh, dq_b * et, dk_c * et, dk_a * eh
+    dq = dot(gw, k) + dq_f + dq_b
+    dk = dot(gw, q, trans_a=True) + dk_c + dk_a
+    dq_signed = dot(gw_signed, k) + dq_f - dq_b
+    dk_signed = dot(gw_signed, q, trans_a=True) + dk_c - dk_a
+    dv = (dot(p, dn, trans_a=True) + dot(k, dhb_ref[...]) * et + dot(k, dhf_ref[...]) * eh)
+    da_ref[...] = (jnp.sum(q.astype(f32) * dq_signed, axis=1)
+                   - jnp.sum(k.astype(f32) * dk_signed, axis=1))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("normalize", "chunk", "interpret", "num_warps",
+                                             "num_stages", "splits"))
+def lion_backward(q, k, v, log_decay, dnum, dden=None, *, normalize, chunk=64,
+                  interpret=False, num_warps=None, num_stages=2, splits=None):
+    """Gradients of LION attention in one pass over the chunks (head dims <= 128).
+
+    With the weights ``w_ij = s_ij M_ij`` (``s_ij = q_i . k_j``) and their cotangents
+    ``G_ij = dnum_i . v_j + dden_i`` (``dnum = dy / (den + eps)``,
+    ``dden = -(dy . y) / (den + eps)`` when normalised, else ``dnum = dy``, no ``dden``):
+    ``dq_i = sum_j G_ij M_ij k_j``, ``dk_j = sum_i G_ij M_ij q_i``,
+    ``dv_j = sum_i s_ij M_ij dnum_i`` and ``dA_t = q_t . (dq causal - anti-causal part)_t -
+    k_t . (dk causal - anti-causal part)_t``. Four states launches (``(k, v)`` with the z of
+    ones, ``(q, dnum)`` with the z weighted by dden, each in both directions), then one kernel
+    per chunk reading every input once.
+
+    Args:
+      q, k: ``[B, L, H, K]``; v, dnum: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
+      log_decay: ``[B, L, H]`` float32; dden: ``[B, L, H]`` float32 when normalize.
+    Returns:
+      ``(dq, dk, dv, dlog_decay [B, L, H] float32)``.
+    """
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    dtype = q.dtype
+    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, MAX_BACKWARD_DIM, num_warps,
+                                                       num_stages)
+    dn = _pad_axis(dnum.astype(dtype), 3, vp)
+    g = log_decay.astype(jnp.float32)
+    states = functools.partial(chunk_states, g=g, s0=None, chunk=chunk, bv=vp,
+                               precision=precision, num_stages=num_stages,
+                               interpret=interpret, splits=splits, with_z=normalize)
+    kv_f, kv_b = states(k, v, reverse=False), states(k, v, reverse=True)
+    qd_f = states(q, dn, reverse=False, z_weights=dden)
+    qd_b = states(q, dn, reverse=True, z_weights=dden)
+
+    qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n: (b, n, h, 0))
+    v_spec = pl.BlockSpec((None, chunk, None, vp), lambda b, h, n: (b, n, h, 0))
+    row_spec = pl.BlockSpec((None, chunk, None), lambda b, h, n: (b, n, h))
+    h_spec = pl.BlockSpec((None, None, None, kp, vp), lambda b, h, n: (b, h, n, 0, 0))
+    z_spec = pl.BlockSpec((None, None, None, None, kp), lambda b, h, n: (b, h, 0, n, 0))
+    args = [q, k, v, dn, g, kv_f[0], kv_b[0], qd_f[0], qd_b[0]]
+    in_specs = [qk_spec, qk_spec, v_spec, v_spec, row_spec] + [h_spec] * 4
+    if normalize:
+        args += [dden.astype(jnp.float32), kv_f[1], kv_b[1], qd_f[1], qd_b[1]]
+        in_specs += [row_spec] + [z_spec] * 4
+    dq, dk, dv, da = pl.pallas_call(
+        functools.partial(_grads_kernel, normalize=normalize, precision=precision),
+        grid=(B, H, L // chunk), in_specs=in_specs,
+        out_specs=[qk_spec, qk_spec, v_spec, row_spec],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct(k.shape, dtype),
+                   jax.ShapeDtypeStruct(v.shape, dtype),
+                   jax.ShapeDtypeStruct((B, L, H), jnp.float32)],
+        compiler_params=params, interpret=interpret, name="lion_backward",
+    )(*args)
+    dlog_decay = jnp.flip(jnp.cumsum(jnp.flip(da, 1), axis=1), 1)
+    return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay

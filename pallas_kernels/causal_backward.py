@@ -1,0 +1,119 @@
+"""Fused backward pass of causal chunked linear attention with per-token decay.
+
+With ``A = cumsum(log_decay)``, ``M_ij = exp(A_i - A_j)`` for ``i >= j``, the forward pass
+``y_i = sum_{j <= i} (q_i . k_j) M_ij v_j + exp(A_i) S0^T q_i`` and its final state ``S_T``,
+the gradients for output cotangent ``do`` and final-state cotangent ``dS_T`` are
+
+    dq_i = sum_{j <= i} (do_i . v_j) M_ij k_j + exp(A_i) S0 do_i
+    dk_j = sum_{i >= j} (do_i . v_j) M_ij q_i + exp(A_T - A_j) dS_T v_j
+    dv_j = sum_{i >= j} (q_i . k_j) M_ij do_i + exp(A_T - A_j) dS_T^T k_j
+    dA_t = q_t . dq_t - k_t . dk_t  (+ <S_T, dS_T> at the last token),
+    dlog_decay = reverse cumsum of dA,   dS0 = exp(A_T) dS_T + sum_i exp(A_i) q_i do_i^T.
+
+Chunked: two states launches (``two_pass.chunk_states``), the forward states ``h[n]`` of
+``(k, v)`` from S0 and the reverse states ``dh[n]`` of ``(q, do)`` from ``dS_T`` (every chunk
+after n), then one kernel per chunk that reads q, k, v, do once and computes all of dq, dk,
+dv and dA (FLA's ``chunk_bwd_dqkwg`` structure, written from the equations above):
+
+    P = (Q K^T) * D,  dP = (dO V^T) * D,  D_ij = exp(seg_ij) for i >= j, else 0
+    dQ = dP K + (dO h^T) * exp(head)
+    dK = dP^T Q + (V dh^T) * exp(tail)
+    dV = P^T dO + (K dh) * exp(tail)
+    dA = rowsum(Q * dQ) - rowsum(K * dK)          (float32, before dQ, dK are rounded)
+
+Eight matmuls per chunk instead of twelve in three separate scans, one read of the inputs, and
+two serial state walks instead of three. The program holds full ``[Kp, Vp]`` tiles, so this
+path takes head dims up to ``MAX_DIM``; larger ones use the three-scan backward.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.chunk_scan import _pad_axis, chunk_decays, pad_layout
+from pallas_kernels.two_pass import chunk_states
+
+MAX_DIM = 128
+
+
+def _grads_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref,
+                  da_ref, *, precision):
+    """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, do, dv ``[C, Vp]``; g, da ``[C]``;
+    h, dh ``[Kp, Vp]`` (forward state entering the chunk, reverse state leaving it)."""
+    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    dtype = q.dtype
+    a = g_ref[...].astype(jnp.float32)
+    seg, head, tail = chunk_decays(a, reverse=False)
+    idx = jnp.arange(a.shape[0])
+    decay = jnp.exp(jnp.where(idx[:, None] >= idx[None, :], seg, -jnp.inf))
+    dot = functools.partial(pltriton.dot, precision=precision)
+    p = (dot(q, k, trans_b=True) * decay).astype(dtype)
+    dp = (dot(do, v, trans_b=True) * decay).astype(dtype)
+    h, dh = h_ref[...], dh_ref[...]
+    tail_w = jnp.exp(tail)[:, None]
+    dq = dot(dp, k) + dot(do, h, trans_b=True) * jnp.exp(head)[:, None]
+    dk = dot(dp, q, trans_a=True) + dot(v, dh, trans_b=True) * tail_w
+    dv = dot(p, do, trans_a=True) + dot(k, dh) * tail_w
+    da_ref[...] = (jnp.sum(q.astype(jnp.float32) * dq, axis=1)
+                   - jnp.sum(k.astype(jnp.float32) * dk, axis=1))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def supported(k_dim, v_dim):
+    """Whether the fused backward takes these head dims (else use the three-scan backward)."""
+    return max(k_dim, v_dim) <= MAX_DIM
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps", "num_stages",
+                                             "splits"))
+def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state, *, chunk=64,
+                    interpret=False, num_warps=None, num_stages=2, splits=None):
+    """Gradients of the causal scan (see the module docstring).
+
+    Args:
+      q, k: ``[B, L, H, K]``; v, dy: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
+      log_decay: ``[B, L, H]`` float32, entries ``<= 0``.
+      initial_state: None or ``[B, H, K, V]`` float32; final_state, d_state: ``[B, H, K, V]``
+        float32, the forward's final state and its cotangent.
+      chunk, interpret, num_warps, num_stages: as for ``chunk_scan``; splits: as for
+        ``two_pass.chunk_states``.
+    Returns:
+      ``(dq, dk, dv, dlog_decay [B, L, H] float32, dS0 [B, H, K, V] float32 or None)``;
+      dq, dk, dv in the input dtype.
+    """
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    dtype = q.dtype
+    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, MAX_DIM, num_warps, num_stages)
+    do = _pad_axis(dy.astype(dtype), 3, vp)
+    g = log_decay.astype(jnp.float32)
+    states = functools.partial(chunk_states, g=g, chunk=chunk, bv=vp, precision=precision,
+                               num_stages=num_stages, interpret=interpret, splits=splits)
+    pad_state = lambda s: _pad_axis(_pad_axis(s.astype(jnp.float32), 2, kp), 3, vp)
+    h, _ = states(k, v, s0=None if initial_state is None else pad_state(initial_state),
+                  reverse=False)
+    dh, ds0 = states(q, do, s0=pad_state(d_state), reverse=True)
+
+    qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n: (b, n, h, 0))
+    v_spec = pl.BlockSpec((None, chunk, None, vp), lambda b, h, n: (b, n, h, 0))
+    row_spec = pl.BlockSpec((None, chunk, None), lambda b, h, n: (b, n, h))
+    h_spec = pl.BlockSpec((None, None, None, kp, vp), lambda b, h, n: (b, h, n, 0, 0))
+    dq, dk, dv, da = pl.pallas_call(
+        functools.partial(_grads_kernel, precision=precision),
+        grid=(B, H, L // chunk),
+        in_specs=[qk_spec, qk_spec, v_spec, v_spec, row_spec, h_spec, h_spec],
+        out_specs=[qk_spec, qk_spec, v_spec, row_spec],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct(k.shape, dtype),
+                   jax.ShapeDtypeStruct(v.shape, dtype),
+                   jax.ShapeDtypeStruct((B, L, H), jnp.float32)],
+        compiler_params=params, interpret=interpret, name="causal_backward",
+    )(q, k, v, do, g, h, dh)
+    da = da.at[:, -1].add(jnp.sum(final_state * d_state, axis=(2, 3)))
+    dlog_decay = jnp.flip(jnp.cumsum(jnp.flip(da, 1), axis=1), 1)
+    ds0 = None if initial_state is None else ds0[:, :, :K, :V]
+    return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay, ds0
