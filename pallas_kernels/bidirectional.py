@@ -33,8 +33,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _pad_axis, chunk_decays, pad_layout
+from pallas_kernels.chunk_scan import _pad_axis, chunk_decays, pad_layout, reverse_cumsum
 from pallas_kernels.two_pass import chunk_states
+
+
+def _signs(c):
+    """``[C, C]``: +1 below the diagonal (key before query: the causal part), -1 above, 0 on it
+    (the diagonal's share of dA cancels between q.dq and k.dk)."""
+    idx = jnp.arange(c)
+    rows, cols = idx[:, None], idx[None, :]
+    return jnp.where(rows > cols, 1.0, jnp.where(rows < cols, -1.0, 0.0))
 
 
 def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize, eps, signed,
@@ -65,10 +73,7 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
     else:
         o_ref[...] = num.astype(o_ref.dtype)
     if signed:
-        idx = jnp.arange(a.shape[0])
-        rows, cols = idx[:, None], idx[None, :]
-        sign = jnp.where(rows > cols, 1.0, jnp.where(rows < cols, -1.0, 0.0))
-        diff = (pltriton.dot((scores * sign).astype(dtype), v, precision=precision)
+        diff = (pltriton.dot((scores * _signs(a.shape[0])).astype(dtype), v, precision=precision)
                 + inter_f - inter_b)
         refs.pop(0)[...] = jnp.sum(p_ref[...].astype(jnp.float32) * diff, axis=1)
 
@@ -170,9 +175,6 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, d
     a = g_ref[...].astype(f32)
     seg, head, tail = chunk_decays(a, reverse=False)
     mask = jnp.exp(seg + seg.T)
-    idx = jnp.arange(a.shape[0])
-    sign = jnp.where(idx[:, None] > idx[None, :], 1.0, jnp.where(idx[:, None] < idx[None, :],
-                                                                 -1.0, 0.0))
     eh, et = jnp.exp(head)[:, None], jnp.exp(tail)[:, None]
     p = (dot(q, k, trans_b=True) * mask).astype(dtype)
     grad_w = dot(dn, v, trans_b=True)  # d loss / d (s_ij M_ij), before the mask
@@ -188,7 +190,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, d
         dk_c = dk_c + dzb_ref[...][None, :]
         dk_a = dk_a + dzf_ref[...][None, :]
     grad_w = grad_w * mask
-    gw, gw_signed = grad_w.astype(dtype), (grad_w * sign).astype(dtype)
+    gw, gw_signed = grad_w.astype(dtype), (grad_w * _signs(a.shape[0])).astype(dtype)
     dq_f, dq_b, dk_c, dk_a = dq_f * eh, dq_b * et, dk_c * et, dk_a * eh
     dq = dot(gw, k) + dq_f + dq_b
     dk = dot(gw, q, trans_a=True) + dk_c + dk_a
@@ -256,5 +258,5 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, *, normalize, chunk=64,
                    jax.ShapeDtypeStruct((B, L, H), jnp.float32)],
         compiler_params=params, interpret=interpret, name="lion_backward",
     )(*args)
-    dlog_decay = jnp.flip(jnp.cumsum(jnp.flip(da, 1), axis=1), 1)
+    dlog_decay = reverse_cumsum(da)
     return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _pad_axis, chunk_decays, pad_layout
+from pallas_kernels.chunk_scan import (_pad_axis, intra_decay, pad_layout, pad_state,
+                                       reverse_cumsum)
 from pallas_kernels.two_pass import chunk_states
 
 MAX_DIM = 128
@@ -46,9 +47,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, h_ref, dh_ref, dq_ref, dk_
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     dtype = q.dtype
     a = g_ref[...].astype(jnp.float32)
-    seg, head, tail = chunk_decays(a, reverse=False)
-    idx = jnp.arange(a.shape[0])
-    decay = jnp.exp(jnp.where(idx[:, None] >= idx[None, :], seg, -jnp.inf))
+    decay, head, tail = intra_decay(a, reverse=False, strict=False)
     dot = functools.partial(pltriton.dot, precision=precision)
     p = (dot(q, k, trans_b=True) * decay).astype(dtype)
     dp = (dot(do, v, trans_b=True) * decay).astype(dtype)
@@ -94,10 +93,8 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
     g = log_decay.astype(jnp.float32)
     states = functools.partial(chunk_states, g=g, chunk=chunk, bv=vp, precision=precision,
                                num_stages=num_stages, interpret=interpret, splits=splits)
-    pad_state = lambda s: _pad_axis(_pad_axis(s.astype(jnp.float32), 2, kp), 3, vp)
-    h, _ = states(k, v, s0=None if initial_state is None else pad_state(initial_state),
-                  reverse=False)
-    dh, ds0 = states(q, do, s0=pad_state(d_state), reverse=True)
+    h, _ = states(k, v, s0=pad_state(initial_state, kp, vp), reverse=False)
+    dh, ds0 = states(q, do, s0=pad_state(d_state, kp, vp), reverse=True)
 
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, vp), lambda b, h, n: (b, n, h, 0))
@@ -114,6 +111,6 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
         compiler_params=params, interpret=interpret, name="causal_backward",
     )(q, k, v, do, g, h, dh)
     da = da.at[:, -1].add(jnp.sum(final_state * d_state, axis=(2, 3)))
-    dlog_decay = jnp.flip(jnp.cumsum(jnp.flip(da, 1), axis=1), 1)
+    dlog_decay = reverse_cumsum(da)
     ds0 = None if initial_state is None else ds0[:, :, :K, :V]
     return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay, ds0

@@ -14,7 +14,7 @@ the state the scan ends with: ``S = sum_j exp(A_T - A_j) k_j v_j^T + exp(A_T) S0
 Causal attention is the forward scan; LION's bidirectional attention is a forward scan plus a
 strict reverse scan; every gradient is again one of these scans with the arguments permuted (see
 ``linear_attention.py``). ``two_pass.py`` computes the same scan chunk-parallel from this
-module's per-chunk helpers (``chunk_decays``, ``chunk_output``, ``chunk_update``).
+module's per-chunk helpers (``chunk_decays``, ``intra_decay``, ``chunk_output``).
 
 Algorithm (Lightning Attention-2, generalised to per-token decay). Per chunk of C tokens with
 chunk-local cumulative decay ``b_i`` (sum of log_decay from the chunk start to i, inclusive;
@@ -53,6 +53,18 @@ def _pad_axis(x, axis, size):
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, size - x.shape[axis])
     return jnp.pad(x, widths)
+
+
+def pad_state(state, kp, vp):
+    """A ``[B, H, K, V]`` state (or None) as float32, zero-padded to ``[B, H, kp, vp]``."""
+    if state is None:
+        return None
+    return _pad_axis(_pad_axis(state.astype(jnp.float32), 2, kp), 3, vp)
+
+
+def reverse_cumsum(x, axis=1):
+    """``out_t = sum_{s >= t} x_s`` along ``axis``."""
+    return jnp.flip(jnp.cumsum(jnp.flip(x, axis), axis=axis), axis)
 
 
 def pad_layout(q, k, v, block_v, num_warps, num_stages):
@@ -106,13 +118,9 @@ def chunk_decays(a, *, reverse, segments="direct"):
     return (seg.T if reverse else seg), head, tail
 
 
-def chunk_output(q, k, v, a, state, *, reverse, strict, precision, segments="direct"):
-    """One chunk's outputs ``[C, BV]`` float32: the intra-chunk term plus the entering state's.
-
-    q, k ``[C, Kp]`` and v ``[C, BV]`` in the input dtype, ``a [C]`` float32 log-decays,
-    ``state [Kp, BV]`` float32 (the state entering the chunk in the scan's direction).
-    """
-    dtype = q.dtype
+def intra_decay(a, *, reverse, strict, segments="direct"):
+    """``(decay [C, C], head, tail)``: the one-direction intra-chunk mask ``exp(seg)`` on its
+    triangle (the diagonal unless ``strict``), 0 elsewhere, and :func:`chunk_ends`."""
     idx = jnp.arange(a.shape[0])
     rows, cols = idx[:, None], idx[None, :]
     if reverse:
@@ -120,7 +128,17 @@ def chunk_output(q, k, v, a, state, *, reverse, strict, precision, segments="dir
     else:
         mask = rows > cols if strict else rows >= cols
     seg, head, tail = chunk_decays(a, reverse=reverse, segments=segments)
-    decay = jnp.exp(jnp.where(mask, seg, -jnp.inf))
+    return jnp.exp(jnp.where(mask, seg, -jnp.inf)), head, tail
+
+
+def chunk_output(q, k, v, a, state, *, reverse, strict, precision, segments="direct"):
+    """One chunk's outputs ``[C, BV]`` float32: the intra-chunk term plus the entering state's.
+
+    q, k ``[C, Kp]`` and v ``[C, BV]`` in the input dtype, ``a [C]`` float32 log-decays,
+    ``state [Kp, BV]`` float32 (the state entering the chunk in the scan's direction).
+    """
+    dtype = q.dtype
+    decay, head, tail = intra_decay(a, reverse=reverse, strict=strict, segments=segments)
     scores = pltriton.dot(q, k, trans_b=True, precision=precision) * decay
     out = pltriton.dot(scores.astype(dtype), v, precision=precision)
     q_dec = (q * jnp.exp(tail if reverse else head)[:, None]).astype(dtype)
@@ -201,7 +219,7 @@ def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=
         args.append(None)
     else:
         in_specs.append(state_spec)
-        args.append(_pad_axis(_pad_axis(initial_state.astype(jnp.float32), 2, kp), 3, vp))
+        args.append(pad_state(initial_state, kp, vp))
 
     kernel = functools.partial(_kernel, chunk=chunk, num_chunks=L // chunk, reverse=reverse,
                                strict=strict, precision=precision, segments=segments)

@@ -46,15 +46,15 @@ from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
 from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
-from pallas_kernels.chunk_scan import chunk_scan
+from pallas_kernels.chunk_scan import chunk_scan, reverse_cumsum
 from pallas_kernels.per_feature import chunk_scan_per_feature
 from pallas_kernels.two_pass import chunk_scan_two_pass
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 ALGORITHMS = ("sequential", "two_pass")
-# algorithm=None picks "two_pass": with its fused backward kernels it was 1.2-3.3x faster than
-# "sequential" forward+backward at L = 4K and 16K, D = 64 and 128 (H100, 2026-11-21,
-# docs/benchmarks.md); the forward alone was within 10 % of it at D = 128.
+# algorithm=None picks "two_pass": in one H100 run (2026-11-21, docs/benchmarks.md) it was
+# 1.4-2.3x faster than "sequential" forward+backward at L = 4K and 16K, D = 64 and 128, for the
+# causal and LION ops; its forward was within 10 % (causal, D = 128) or faster.
 DEFAULT_ALGORITHM = "two_pass"
 
 
@@ -108,7 +108,7 @@ def _causal_bwd(cfg, res, cotangents):
         dA = _dot_last(q, dq) - _dot_last(k, dk)
         dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=(2, 3)))
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-            _reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
+            reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
 
 
 _causal.defvjp(_causal_fwd, _causal_bwd)
@@ -145,7 +145,7 @@ def _bidir_bwd(cfg, res, dy):
     dv_f, dv_b = _bidir_scans(k, q, dy, g, cfg)
     dA = (_dot_last(q, dq_f) - _dot_last(k, dk_f)) - (_dot_last(q, dq_b) - _dot_last(k, dk_b))
     return ((dq_f + dq_b).astype(q.dtype), (dk_f + dk_b).astype(k.dtype),
-            (dv_f + dv_b).astype(v.dtype), _reverse_cumsum(dA).astype(g.dtype))
+            (dv_f + dv_b).astype(v.dtype), reverse_cumsum(dA).astype(g.dtype))
 
 
 _bidir.defvjp(_bidir_fwd, _bidir_bwd)
@@ -195,7 +195,7 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
     dv = scan(k, q, dnum, g, out_dtype=v.dtype)
     # dA_t = q_t.(dq_causal - dq_anticausal) - k_t.(dk_causal - dk_anticausal); for dk the
     # kernel's "j < t" part is the anti-causal one, so r_k already carries the minus sign.
-    return dq, dk, dv, _reverse_cumsum(r_q + r_k).astype(g.dtype)
+    return dq, dk, dv, reverse_cumsum(r_q + r_k).astype(g.dtype)
 
 
 _lion.defvjp(_lion_fwd, _lion_bwd)
@@ -203,11 +203,6 @@ _lion.defvjp(_lion_fwd, _lion_bwd)
 
 def _dot_last(a, b):
     return jnp.sum(a.astype(jnp.float32) * b.astype(jnp.float32), axis=-1)
-
-
-def _reverse_cumsum(x):
-    """``out_t = sum_{s >= t} x_s`` over axis 1."""
-    return jnp.flip(jnp.cumsum(jnp.flip(x, 1), axis=1), 1)
 
 
 # -------------------------------------------------------------------------- public API

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _pad_axis, pad_layout
+from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state
 
 _EXACT = jax.lax.Precision.HIGHEST
 
@@ -224,7 +224,7 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     decay = decay[..., :, None] if on_key else decay[..., None, :]
     s0 = None
     if initial_state is not None:
-        s0 = _pad_axis(_pad_axis(initial_state.astype(jnp.float32), 2, kp), 3, vp)
+        s0 = pad_state(initial_state, kp, vp)
     s_in, state = prefix_states(u, decay, s0, reverse=False, block_v=bv, interpret=interpret)
     o = pl.pallas_call(
         functools.partial(_output_kernel, sub=16, on_key=on_key, precision=precision),

@@ -10,16 +10,17 @@ Same inputs, outputs and math as the sequential kernel (``chunk_scan.py``), in t
               O_n = chunk_output(Q_n, K_n, V_n, a_n, h[n])
 
 The serial part is the states kernel, one small matmul per chunk. To fill the GPU when
-``B * H * V-blocks`` is small, the chunks are cut into ``splits`` runs of equal length: a first
-states launch walks each run from a zero state and keeps only its end state; a scan over the
+``B * H * V-blocks`` is small and the state small (see ``pick_splits``), the chunks are cut
+into ``splits`` runs of equal length: a first states launch walks each run from a zero state and keeps only its end state; a scan over the
 runs in XLA (``splits`` steps of ``S = exp(run decay) S + end``) gives the state entering each
 run; the second states launch walks each run again from that state and stores h. Both launches
 are ``splits`` times shorter than one walk over all chunks.
 
 ``h [B, H, N, Kp, Vp]`` (O(L d^2 / C)) lives only inside one call: the custom VJPs keep the
-inputs as residuals (O(L d)) and each backward scan computes its own states again. Decay
-exponents are chunk-local and summed directly (``chunk_decays``). :func:`chunk_states` is shared
-with the fused bidirectional kernel (``bidirectional.py``).
+inputs as residuals (O(L d)) and the backward recomputes the states it needs. Decay
+exponents are chunk-local and summed directly (``decay_factors``, ``chunk_decays``).
+:func:`chunk_states` is shared with the fused kernels (``bidirectional.py``,
+``causal_backward.py``).
 """
 
 import functools
@@ -29,23 +30,29 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _pad_axis, chunk_output, pad_layout
+from pallas_kernels.chunk_scan import chunk_output, pad_layout, pad_state, reverse_cumsum
 
 # Warps per program of the states kernel (a [Kp, BV] state, one small matmul per step): 4 was
 # faster than 8 at D = 64 and 128 on an H100 (docs/benchmarks.md).
 STATES_WARPS = 4
-# Programs the states kernel aims for before it stops splitting the chunks into more runs
-# (about two per SM on an H100/H200), and the fewest chunks a run may have.
-TARGET_PROGRAMS = 256
+# When the states kernel cuts the chunks into runs: only for states of at most
+# MAX_SPLIT_STATE entries, until TARGET_PROGRAMS programs, at least MIN_RUN_CHUNKS chunks per run.
+# Measured on an H100 at L = 16K (docs/benchmarks.md): 64 x 64 states with 64 programs took
+# 0.53 ms unsplit and 0.43 ms in 8 runs; 128 x 64 and 128 x 128 states were fastest unsplit.
+MAX_SPLIT_STATE = 64 * 64
+TARGET_PROGRAMS = 512
 MIN_RUN_CHUNKS = 8
 
 
-def pick_splits(programs, num_chunks, target=TARGET_PROGRAMS, min_run=MIN_RUN_CHUNKS):
-    """The number of runs (a power of two dividing ``num_chunks``) to cut the chunks into so that
-    ``programs * splits`` reaches ``target``, keeping at least ``min_run`` chunks per run."""
+def pick_splits(programs, num_chunks, state_entries):
+    """The number of runs (a power of two dividing ``num_chunks``) to cut the chunks into: 1 for
+    states larger than ``MAX_SPLIT_STATE``, else until ``programs * splits`` reaches
+    ``TARGET_PROGRAMS``, keeping at least ``MIN_RUN_CHUNKS`` chunks per run."""
     splits = 1
-    while (programs * splits < target and num_chunks % (2 * splits) == 0
-           and num_chunks // (2 * splits) >= min_run):
+    if state_entries > MAX_SPLIT_STATE:
+        return splits
+    while (programs * splits < TARGET_PROGRAMS and num_chunks % (2 * splits) == 0
+           and num_chunks // (2 * splits) >= MIN_RUN_CHUNKS):
         splits *= 2
     return splits
 
@@ -149,7 +156,7 @@ def decay_factors(g, chunk, *, reverse):
     if reverse:
         expo = jnp.cumsum(a, axis=-1)
     else:  # exclusive reverse cumsum: sum over s > j
-        after = jnp.flip(jnp.cumsum(jnp.flip(a[..., 1:], -1), axis=-1), -1)
+        after = reverse_cumsum(a[..., 1:], axis=-1)
         expo = jnp.concatenate([after, jnp.zeros_like(a[..., :1])], axis=-1)
     return jnp.exp(expo).reshape(B, H, L), jnp.exp(jnp.sum(a, axis=-1))
 
@@ -174,7 +181,7 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
     B, L, H, _ = k.shape
     N = L // chunk
     if splits is None:
-        splits = pick_splits(B * H * (v.shape[-1] // bv), N)
+        splits = pick_splits(B * H * (v.shape[-1] // bv), N, k.shape[-1] * bv)
     if N % splits:
         raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
     w, d = decay_factors(g, chunk, reverse=reverse)
@@ -239,9 +246,7 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps or 4,
                                                         num_stages)
     g = log_decay.astype(jnp.float32)
-    s0 = None
-    if initial_state is not None:
-        s0 = _pad_axis(_pad_axis(initial_state.astype(jnp.float32), 2, kp), 3, vp)
+    s0 = pad_state(initial_state, kp, vp)
     h, state = chunk_states(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
                             precision=precision, num_stages=num_stages, interpret=interpret,
                             splits=splits)
