@@ -2,7 +2,7 @@
 
     python -m experiments.bench_kernels --out workdir/bench_kernels [--lengths 4096,16384]
         [--dims 64,128] [--quick] [--deadline 500] [--fla-autotune-configs 1]
-        [--ops pallas_causal,fla] [--sweep 16384]
+        [--ops pallas_causal,fla] [--sweep 16384] [--reps 10]
 
 Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
   ours      pallas_kernels.causal_linear_attention (per-token log_decay) and
@@ -14,8 +14,8 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
   cuDNN     jax.nn.dot_product_attention(..., implementation="cudnn"), causal and not
   XLA       lion_jax.ops.*(impl="chunk") (skipped with a note when missing)
-Median of ``--reps`` timed calls after warm-up: JAX with block_until_ready around each call,
-torch with CUDA events. Memory: XLA's compiled temp + output bytes for JAX, the peak allocated
+Median of ``--reps`` samples after warm-up: JAX as the mean of 5 back-to-back calls waited for
+once (``time_jax``), torch with CUDA events around each call. Memory: XLA's compiled temp + output bytes for JAX, the peak allocated
 above the inputs for torch. Prints a table and writes results.json, results.md and
 results.png under --out (rewritten after every row, so a timeout keeps what was measured).
 ``--deadline`` stops starting new measurements once that many seconds have passed;
@@ -25,6 +25,7 @@ fully tuned). Needs a GPU (and torch + fla-core for the FLA rows).
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -39,8 +40,11 @@ import numpy as np  # noqa: E402
 import pallas_kernels  # noqa: E402
 
 
-def time_jax(fn, args, reps):
-    """(median ms, compiled temp + output MiB) of a jitted function; prints the compile time."""
+def time_jax(fn, args, reps, inner=5):
+    """(median ms, compiled temp + output MiB) of a jitted function; prints the compile time.
+
+    Each of ``reps`` samples runs ``inner`` calls back to back and waits once, so the host's
+    wait for the device is not counted into every call (dispatch is asynchronous)."""
     fn = jax.jit(fn)
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
@@ -49,8 +53,9 @@ def time_jax(fn, args, reps):
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
+        outs = [fn(*args) for _ in range(inner)]
+        jax.block_until_ready(outs)
+        times.append((time.perf_counter() - start) / inner)
     mem = fn.lower(*args).compile().memory_analysis()
     mib = None if mem is None else (mem.temp_size_in_bytes + mem.output_size_in_bytes) / 2**20
     return statistics.median(times) * 1e3, mib
@@ -217,29 +222,53 @@ def cross_check_with_fla(rng):
 
 
 def sweep(B, L, H, dims, reps, rng):
-    """Causal forward time of the raw scans for a few launch settings: the sequential kernel
-    (chunk, block_v, num_warps) and the two-pass kernels (num_warps, splits of the states
-    kernel; splits None is the automatic choice)."""
-    print(f"sweep: pallas causal scan forward, B={B} L={L} H={H} bf16 (ms)")
-    settings = [("sequential", dict(chunk=64, block_v=block_v, num_warps=warps))
-                for block_v, warps in ((32, 4), (64, 4), (64, 8))]
-    settings += [("two_pass", dict(chunk=64, block_v=block_v, num_warps=warps, splits=splits))
-                 for block_v in (32, 64) for warps in (4, 8) for splits in (None, 1, 4, 16)]
+    """Times the stages of the two-pass ops (states walks, output kernels, fused backward
+    kernels, with and without the forward's states kept) and a few launch settings, at one
+    shape (bf16, ms)."""
+    from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
+    from pallas_kernels.causal_backward import causal_backward
+    from pallas_kernels.two_pass import chunk_scan_two_pass, chunk_states
+    print(f"sweep: two-pass stages, B={B} L={L} H={H} bf16 (ms)")
+    walk = functools.partial(chunk_states, s0=None, chunk=64, reverse=False, precision=None,
+                             interpret=False)
+    stages = {  # label: fn(q, k, v, dy, g, state, den, causal states, LION states)
+        "states walk (bv=64)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64),
+        "states walk with z (bv=V)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=v.shape[-1],
+                                                                     with_z=True),
+        "causal forward": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
+            q, k, v, g, out_dtype=jnp.bfloat16),
+        "causal backward, states kept": lambda q, k, v, dy, g, s, den, h, hl: causal_backward(
+            q, k, v, g, None, s, dy, s, h),
+        "causal backward, recomputed": lambda q, k, v, dy, g, s, *_: causal_backward(
+            q, k, v, g, None, s, dy, s),
+        "LION forward": lambda q, k, v, dy, g, *_: bidirectional_scan(q, k, v, g,
+                                                                      normalize=True),
+        "LION backward, recomputed": lambda q, k, v, dy, g, s, den, *_: lion_backward(
+            q, k, v, g, dy, den, normalize=True),
+    }
+    for warps in (4, 8):
+        stages[f"LION backward, states kept, {warps} warps"] = (
+            lambda q, k, v, dy, g, s, den, h, hl, w=warps: lion_backward(
+                q, k, v, g, dy, den, hl, normalize=True, num_warps=w))
+    for block_v, warps in ((32, 4), (64, 4), (64, 8)):
+        stages[f"causal forward block_v={block_v} warps={warps}"] = (
+            lambda q, k, v, dy, g, *_, b=block_v, w=warps: chunk_scan_two_pass(
+                q, k, v, g, out_dtype=jnp.bfloat16, block_v=b, num_warps=w))
     for D in dims:
-        q, k, v, _, g = inputs(B, L, H, D, rng)
-        args = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)] + [jnp.asarray(g)]
-        for algorithm, kwargs in settings:
-            scan = (pallas_kernels.chunk_scan if algorithm == "sequential"
-                    else pallas_kernels.chunk_scan_two_pass)
-            fn = lambda q, k, v, g, scan=scan, kwargs=kwargs: scan(
-                q, k, v, g, out_dtype=jnp.bfloat16, **kwargs)
-            label = f"D={D:4d} {algorithm:10s} " + " ".join(f"{a}={b}" for a, b in kwargs.items())
+        q, k, v, dy, g = inputs(B, L, H, D, rng)
+        q, k, v, dy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
+        g = jnp.asarray(g)
+        args = (q, k, v, dy, g, jnp.zeros((B, H, D, D), jnp.float32),
+                jnp.ones((B, L, H), jnp.float32),
+                chunk_scan_two_pass(q, k, v, g, return_states=True)[-1],
+                bidirectional_scan(q, k, v, g, normalize=True, return_states=True)[-1])
+        for label, fn in stages.items():
             try:
                 ms, _ = time_jax(fn, args, reps)
             except Exception as e:
-                print(f"  {label}: failed: {type(e).__name__}: {e}"[:300])
+                print(f"  D={D} {label}: failed: {type(e).__name__}: {e}"[:300])
                 continue
-            print(f"  {label}: {ms:8.3f}", flush=True)
+            print(f"  D={D:4d} {label:45s}: {ms:8.3f}", flush=True)
 
 
 RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
@@ -322,7 +351,7 @@ def main():
     parser.add_argument("--fla-autotune-configs", type=int, default=0, metavar="N",
                         help="keep only the first N configs of each Triton autotuner (0: all)")
     parser.add_argument("--sweep", type=int, default=0, metavar="L",
-                        help="first time the causal kernel's block settings at this L")
+                        help="first time the two-pass kernels' stages and settings at this L")
     parser.add_argument("--ops", default="", metavar="PREFIXES",
                         help="comma-separated op-name prefixes to time (default: all)")
     args = parser.parse_args()

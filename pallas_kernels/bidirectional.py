@@ -80,10 +80,10 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
 
 @functools.partial(jax.jit, static_argnames=("normalize", "eps", "chunk", "block_v",
                                              "out_dtype", "interpret", "num_warps",
-                                             "num_stages", "splits"))
+                                             "num_stages", "splits", "return_states"))
 def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps=1e-6,
                        chunk=64, block_v=64, out_dtype=None, interpret=False, num_warps=None,
-                       num_stages=2, splits=None):
+                       num_stages=2, splits=None, return_states=False):
     """LION attention, both directions fused (see the module docstring).
 
     Args:
@@ -95,9 +95,13 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
       chunk, block_v, interpret, num_warps, num_stages: as for ``chunk_scan``.
       out_dtype: dtype of ``o`` (None: v.dtype).
       splits: runs the states kernel cuts the chunks into (see ``two_pass.chunk_states``).
+      return_states: also return the states of ``(k, v)`` for :func:`lion_backward`: the tuple
+        ``(hf, hb)`` (``[B, H, N, Kp, Vp]``, input dtype, tile layout) or, if normalize,
+        ``(hf, hb, zf, zb)`` (``[B, H, V-blocks, N, Kp]`` float32).
     Returns:
       ``o [B, L, H, V]``, then ``den [B, L, H]`` float32 if normalize, then ``r [B, L, H]``
-      float32 if partner is given (a tuple when more than ``o``).
+      float32 if partner is given, then the states if return_states (a tuple when more than
+      ``o``).
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
@@ -144,6 +148,8 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
         outs[1] = outs[1][:, 0]
     if partner is not None:
         outs[-1] = jnp.sum(outs[-1], axis=1)
+    if return_states:
+        outs.append((hf, hb) + ((forward[1], backward[1]) if normalize else ()))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -162,7 +168,10 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, d
                   normalize, precision):
     """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, dnum, dv ``[C, Vp]``; g, da ``[C]``;
     hf, hb, dhf, dhb ``[Kp, Vp]``; with normalize also dden ``[C]`` and zf, zb, dzf, dzb
-    ``[Kp]`` (the z states of the forward (k, 1) and of (q, dden))."""
+    ``[Kp]`` (the z states of the forward (k, 1) and of (q, dden)).
+
+    dA's intra-chunk part needs no matmul: with ``X = signs * G * M * (Q K^T)`` (float32),
+    ``q_t . (signed dq)_t = rowsum(X)_t`` and ``k_t . (signed dk)_t = colsum(X)_t``."""
     refs = list(refs)
     if normalize:
         dd_ref, zf_ref, zb_ref, dzf_ref, dzb_ref = refs[:5]
@@ -176,7 +185,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, d
     seg, head, tail = chunk_decays(a, reverse=False)
     mask = jnp.exp(seg + seg.T)
     eh, et = jnp.exp(head)[:, None], jnp.exp(tail)[:, None]
-    p = (dot(q, k, trans_b=True) * mask).astype(dtype)
+    scores = dot(q, k, trans_b=True)
     grad_w = dot(dn, v, trans_b=True)  # d loss / d (s_ij M_ij), before the mask
     dq_f = dot(dn, hf_ref[...], trans_b=True)  # from keys before the chunk (causal)
     dq_b = dot(dn, hb_ref[...], trans_b=True)  # keys after it (anti-causal)
@@ -190,15 +199,16 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, d
         dk_c = dk_c + dzb_ref[...][None, :]
         dk_a = dk_a + dzf_ref[...][None, :]
     grad_w = grad_w * mask
-    gw, gw_signed = grad_w.astype(dtype), (grad_w * _signs(a.shape[0])).astype(dtype)
+    signed = grad_w * scores * _signs(a.shape[0])
+    gw = grad_w.astype(dtype)
     dq_f, dq_b, dk_c, dk_a = dq_f * eh, dq_b * et, dk_c * et, dk_a * eh
     dq = dot(gw, k) + dq_f + dq_b
     dk = dot(gw, q, trans_a=True) + dk_c + dk_a
-    dq_signed = dot(gw_signed, k) + dq_f - dq_b
-    dk_signed = dot(gw_signed, q, trans_a=True) + dk_c - dk_a
-    dv = (dot(p, dn, trans_a=True) + dot(k, dhb_ref[...]) * et + dot(k, dhf_ref[...]) * eh)
-    da_ref[...] = (jnp.sum(q.astype(f32) * dq_signed, axis=1)
-                   - jnp.sum(k.astype(f32) * dk_signed, axis=1))
+    dv = (dot((scores * mask).astype(dtype), dn, trans_a=True) + dot(k, dhb_ref[...]) * et
+          + dot(k, dhf_ref[...]) * eh)
+    da_ref[...] = (jnp.sum(signed, axis=1) - jnp.sum(signed, axis=0)
+                   + jnp.sum(q.astype(f32) * (dq_f - dq_b), axis=1)
+                   - jnp.sum(k.astype(f32) * (dk_c - dk_a), axis=1))
     dq_ref[...] = dq.astype(dq_ref.dtype)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -206,7 +216,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, d
 
 @functools.partial(jax.jit, static_argnames=("normalize", "chunk", "interpret", "num_warps",
                                              "num_stages", "splits"))
-def lion_backward(q, k, v, log_decay, dnum, dden=None, *, normalize, chunk=64,
+def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normalize, chunk=64,
                   interpret=False, num_warps=None, num_stages=2, splits=None):
     """Gradients of LION attention in one pass over the chunks (head dims <= 128).
 
@@ -215,13 +225,16 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, *, normalize, chunk=64,
     ``dden = -(dy . y) / (den + eps)`` when normalised, else ``dnum = dy``, no ``dden``):
     ``dq_i = sum_j G_ij M_ij k_j``, ``dk_j = sum_i G_ij M_ij q_i``,
     ``dv_j = sum_i s_ij M_ij dnum_i`` and ``dA_t = q_t . (dq causal - anti-causal part)_t -
-    k_t . (dk causal - anti-causal part)_t``. Four states launches (``(k, v)`` with the z of
-    ones, ``(q, dnum)`` with the z weighted by dden, each in both directions), then one kernel
-    per chunk reading every input once.
+    k_t . (dk causal - anti-causal part)_t``. States of ``(k, v)`` with the z of ones (kept
+    from the forward pass, else two states launches), two states launches for ``(q, dnum)``
+    with the z weighted by dden (both directions), then one kernel per chunk reading every
+    input once: ten matmuls.
 
     Args:
       q, k: ``[B, L, H, K]``; v, dnum: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
       log_decay: ``[B, L, H]`` float32; dden: ``[B, L, H]`` float32 when normalize.
+      kv_states: None (recomputed) or the forward's states of ``(k, v)``,
+        ``bidirectional_scan(..., return_states=True)``'s last output.
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32)``.
     """
@@ -235,7 +248,14 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, *, normalize, chunk=64,
     states = functools.partial(chunk_states, g=g, s0=None, chunk=chunk, bv=vp,
                                precision=precision, num_stages=num_stages,
                                interpret=interpret, splits=splits, with_z=normalize)
-    kv_f, kv_b = states(k, v, reverse=False), states(k, v, reverse=True)
+    if kv_states is None:
+        kv_f, kv_b = states(k, v, reverse=False), states(k, v, reverse=True)
+    else:
+        shape = (B, H, L // chunk, kp, vp)
+        if kv_states[0].shape != shape or kv_states[1].shape != shape:
+            raise ValueError(f"kv_states must hold [B, H, N, Kp, Vp] = {shape} states; got "
+                             f"{[x.shape for x in kv_states]}")
+        kv_f, kv_b = kv_states[0::2], kv_states[1::2]  # (hf, zf), (hb, zb)
     qd_f = states(q, dn, reverse=False, z_weights=dden)
     qd_b = states(q, dn, reverse=True, z_weights=dden)
 

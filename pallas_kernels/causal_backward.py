@@ -10,9 +10,9 @@ the gradients for output cotangent ``do`` and final-state cotangent ``dS_T`` are
     dA_t = q_t . dq_t - k_t . dk_t  (+ <S_T, dS_T> at the last token),
     dlog_decay = reverse cumsum of dA,   dS0 = exp(A_T) dS_T + sum_i exp(A_i) q_i do_i^T.
 
-Chunked: two states launches (``two_pass.chunk_states``), the forward states ``h[n]`` of
-``(k, v)`` from S0 and the reverse states ``dh[n]`` of ``(q, do)`` from ``dS_T`` (every chunk
-after n), then one kernel per chunk that reads q, k, v, do once and computes all of dq, dk,
+Chunked: the forward states ``h[n]`` of ``(k, v)`` from S0 (kept from the forward pass, or
+recomputed by ``two_pass.chunk_states``), one states launch for the reverse states ``dh[n]``
+of ``(q, do)`` from ``dS_T`` (every chunk after n), then one kernel per chunk that reads q, k, v, do once and computes all of dq, dk,
 dv and dA (FLA's ``chunk_bwd_dqkwg`` structure, written from the equations above):
 
     P = (Q K^T) * D,  dP = (dO V^T) * D,  D_ij = exp(seg_ij) for i >= j, else 0
@@ -22,7 +22,7 @@ dv and dA (FLA's ``chunk_bwd_dqkwg`` structure, written from the equations above
     dA = rowsum(Q * dQ) - rowsum(K * dK)          (float32, before dQ, dK are rounded)
 
 Eight matmuls per chunk instead of twelve in three separate scans, one read of the inputs, and
-two serial state walks instead of three. The program holds full ``[Kp, Vp]`` tiles, so this
+one serial state walk (two when the forward states are recomputed) instead of three. The program holds full ``[Kp, Vp]`` tiles, so this
 path takes head dims up to ``MAX_DIM``; larger ones use the three-scan backward.
 """
 
@@ -70,8 +70,8 @@ def supported(k_dim, v_dim):
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps", "num_stages",
                                              "splits"))
-def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state, *, chunk=64,
-                    interpret=False, num_warps=None, num_stages=2, splits=None):
+def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state, h=None, *,
+                    chunk=64, interpret=False, num_warps=None, num_stages=2, splits=None):
     """Gradients of the causal scan (see the module docstring).
 
     Args:
@@ -79,6 +79,9 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
       log_decay: ``[B, L, H]`` float32, entries ``<= 0``.
       initial_state: None or ``[B, H, K, V]`` float32; final_state, d_state: ``[B, H, K, V]``
         float32, the forward's final state and its cotangent.
+      h: None or the forward's states entering every chunk, ``[B, H, N, Kp, Vp]`` in the input
+        dtype and tile layout (``chunk_scan_two_pass(..., return_states=True)``); None:
+        recomputed here.
       chunk, interpret, num_warps, num_stages: as for ``chunk_scan``; splits: as for
         ``two_pass.chunk_states``.
     Returns:
@@ -93,7 +96,11 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
     g = log_decay.astype(jnp.float32)
     states = functools.partial(chunk_states, g=g, chunk=chunk, bv=vp, precision=precision,
                                num_stages=num_stages, interpret=interpret, splits=splits)
-    h, _ = states(k, v, s0=pad_state(initial_state, kp, vp), reverse=False)
+    if h is None:
+        h, _ = states(k, v, s0=pad_state(initial_state, kp, vp), reverse=False)
+    elif h.shape != (B, H, L // chunk, kp, vp):
+        raise ValueError(f"h must be [B, H, N, Kp, Vp] = {(B, H, L // chunk, kp, vp)}; "
+                         f"got {h.shape}")
     dh, ds0 = states(q, do, s0=pad_state(d_state, kp, vp), reverse=True)
 
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n: (b, n, h, 0))

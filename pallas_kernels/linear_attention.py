@@ -17,7 +17,9 @@ Every forward and backward pass is a handful of calls of one kernel,
 (``dA_t`` is the row sum minus the column sum of ``W * (do v^T)``.) For LION's symmetric mask
 ``M_ij = exp(-|A_i - A_j|)``: ``dq = Bidir(do, v, k)``, ``dk = Bidir(v, do, q)``,
 ``dv = Bidir(k, q, do)``, and ``dA`` takes the causal part with + and the anti-causal part with -.
-The residuals are the inputs (and the final state): O(L d), never O(L^2).
+The residuals are the inputs (and the final state), plus, for the fused two-pass backward
+kernels, the forward's chunk states when they are at most twice the size of q or v
+(``keep_states``; the backward then skips those states walks): O(L d), never O(L^2).
 
 Per-feature decay ``[B, L, H, K]`` (causal only; ``per_feature.py``): ``y`` is the key-decay scan
 and, with the decay now on the state's K axis, ``dq = scan_value(do, v, k; S0^T)``,
@@ -82,19 +84,38 @@ def _causal(q, k, v, g, s0, cfg):
     return _scan(q, k, v, g, s0, out_dtype=v.dtype, **cfg)
 
 
+def keep_states(k_dim, v_dim, chunk):
+    """Whether a custom VJP keeps the forward's chunk states as residuals (so the backward skips
+    that states walk): they hold ``L * Kp * Vp / C`` entries (Kp, Vp: the head dims rounded up
+    to powers of two), kept when that is at most twice the larger of q and v, i.e.
+    ``min(Kp, Vp) <= 2 C``; otherwise the backward recomputes them."""
+    return min(_next_pow2(max(k_dim, 16)), _next_pow2(max(v_dim, 16))) <= 2 * chunk
+
+
+def _fused_causal_backward(q, v, g, cfg):
+    return (cfg.get("algorithm") == "two_pass" and g.ndim == 3
+            and causal_backward_supported(q.shape[-1], v.shape[-1]))
+
+
 def _causal_fwd(q, k, v, g, s0, cfg):
-    y, state = _causal(q, k, v, g, s0, cfg)
-    return (y, state), (q, k, v, g, s0, state)
+    h = None
+    if _fused_causal_backward(q, v, g, cfg) and keep_states(q.shape[-1], v.shape[-1],
+                                                            cfg["chunk"]):
+        y, state, h = chunk_scan_two_pass(q, k, v, g, s0, out_dtype=v.dtype, return_states=True,
+                                          **_fused_cfg(cfg))
+    else:
+        y, state = _causal(q, k, v, g, s0, cfg)
+    return (y, state), (q, k, v, g, s0, state, h)
 
 
 def _causal_bwd(cfg, res, cotangents):
-    q, k, v, g, s0, state = res
+    q, k, v, g, s0, state, h = res
     dy, d_state = cotangents
     dy = dy.astype(v.dtype)
-    if (cfg.get("algorithm") == "two_pass" and g.ndim == 3
-            and causal_backward_supported(q.shape[-1], v.shape[-1])):
+    if _fused_causal_backward(q, v, g, cfg):
         dq, dk, dv, dlog_decay, ds0 = causal_backward(
-            q, k, v, g, s0, state, dy, d_state, chunk=cfg["chunk"], interpret=cfg["interpret"])
+            q, k, v, g, s0, state, dy, d_state, h, chunk=cfg["chunk"],
+            interpret=cfg["interpret"])
         return dq, dk, dv, dlog_decay.astype(g.dtype), ds0
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
     dq, _ = _scan(dy, v, k, g, s0_t, decay_on="value", **cfg)
@@ -166,16 +187,20 @@ def _lion(q, k, v, g, cfg, normalize, eps):
 
 
 def _lion_fwd(q, k, v, g, cfg, normalize, eps):
-    out = bidirectional_scan(q, k, v, g, normalize=normalize, eps=eps, **_fused_cfg(cfg))
-    y, den = out if normalize else (out, None)
-    return y, (q, k, v, g, y, den)
+    keep = (lion_backward_supported(q.shape[-1], v.shape[-1])
+            and keep_states(q.shape[-1], v.shape[-1], cfg["chunk"]))
+    out = bidirectional_scan(q, k, v, g, normalize=normalize, eps=eps, return_states=keep,
+                             **_fused_cfg(cfg))
+    out = list(out) if isinstance(out, tuple) else [out]
+    y, den = out[0], (out[1] if normalize else None)
+    return y, (q, k, v, g, y, den, out[-1] if keep else None)
 
 
 def _lion_bwd(cfg, normalize, eps, res, dy):
     """With ``y = num / (den + eps)``: ``dnum = dy / (den + eps)`` and
     ``dden = -(dy . y) / (den + eps)``; since ``den = Bidir(q, k, 1)`` the pair enters the dq and
     dk scans as one more feature column (``[dnum | dden]`` against ``[v | 1]``)."""
-    q, k, v, g, y, den = res
+    q, k, v, g, y, den, kv_states = res
     scan = functools.partial(bidirectional_scan, **_fused_cfg(cfg))
     dnum, dden = dy, None
     dq_in, v_in = dy, v
@@ -184,8 +209,9 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
         dnum = (dy.astype(jnp.float32) * inv[..., None]).astype(v.dtype)
         dden = -_dot_last(dy, y) * inv
     if lion_backward_supported(q.shape[-1], v.shape[-1]):
-        dq, dk, dv, dlog_decay = lion_backward(q, k, v, g, dnum, dden, normalize=normalize,
-                                               chunk=cfg["chunk"], interpret=cfg["interpret"])
+        dq, dk, dv, dlog_decay = lion_backward(q, k, v, g, dnum, dden, kv_states,
+                                               normalize=normalize, chunk=cfg["chunk"],
+                                               interpret=cfg["interpret"])
         return dq, dk, dv, dlog_decay.astype(g.dtype)
     if normalize:  # larger head dims: three fused scans, [dnum | dden] against [v | 1]
         dq_in = jnp.concatenate([dnum, dden[..., None].astype(v.dtype)], axis=-1)

@@ -16,8 +16,9 @@ runs in XLA (``splits`` steps of ``S = exp(run decay) S + end``) gives the state
 run; the second states launch walks each run again from that state and stores h. Both launches
 are ``splits`` times shorter than one walk over all chunks.
 
-``h [B, H, N, Kp, Vp]`` (O(L d^2 / C)) lives only inside one call: the custom VJPs keep the
-inputs as residuals (O(L d)) and the backward recomputes the states it needs. Decay
+``h [B, H, N, Kp, Vp]`` has ``L Kp Vp / C`` entries: the custom VJPs keep it as a residual
+when that is at most twice the size of q or v (``linear_attention.keep_states``), so the
+backward need not walk the chunks again; otherwise it recomputes the states. Decay
 exponents are chunk-local and summed directly (``decay_factors``, ``chunk_decays``).
 :func:`chunk_states` is shared with the fused kernels (``bidirectional.py``,
 ``causal_backward.py``).
@@ -226,10 +227,10 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, *, reverse, strict,
 
 @functools.partial(jax.jit, static_argnames=("reverse", "strict", "chunk", "block_v",
                                              "out_dtype", "interpret", "num_warps",
-                                             "num_stages", "splits"))
+                                             "num_stages", "splits", "return_states"))
 def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=False,
                         chunk=64, block_v=64, out_dtype=jnp.float32, interpret=False,
-                        num_warps=None, num_stages=2, splits=None):
+                        num_warps=None, num_stages=2, splits=None, return_states=False):
     """:func:`pallas_kernels.chunk_scan` computed chunk-parallel (same arguments and results).
 
     Args:
@@ -238,8 +239,10 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
       reverse, strict, chunk, block_v, out_dtype, interpret, num_stages: as there.
       num_warps: of the output kernel (None: 4, faster than 8 here on an H100).
       splits: runs the states kernel cuts the chunks into (see :func:`chunk_states`).
+      return_states: also return the states entering every chunk, ``h [B, H, N, Kp, Vp]`` in
+        the input dtype, padded to the tile layout (``pad_layout``), for a backward pass.
     Returns:
-      ``(o [B, L, H, V] out_dtype, state [B, H, K, V] float32)``.
+      ``(o [B, L, H, V] out_dtype, state [B, H, K, V] float32[, h])``.
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
@@ -262,4 +265,5 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
         out_shape=jax.ShapeDtypeStruct((B, L, H, vp), out_dtype),
         compiler_params=params, interpret=interpret, name="chunk_outputs",
     )(q, k, v, g, h)
-    return o[..., :V], state[:, :, :K, :V]
+    o, state = o[..., :V], state[:, :, :K, :V]
+    return (o, state, h) if return_states else (o, state)

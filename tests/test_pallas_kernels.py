@@ -78,6 +78,7 @@ CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state, algorithm
     (130, 32, 16, 32, "zero", False, "two_pass"),
     (64, 16, 16, 16, "mild", True, "sequential"),
     (40, 16, 144, 16, "strong", True, "two_pass"),  # V > 128: three-scan backward
+    (50, 48, 40, 16, "strong", True, "two_pass"),  # min(Kp, Vp) > 2C: states recomputed
 ]
 PER_FEATURE_CASES = [  # per-feature decay [B, L, H, K] (algorithm None: always chunk-parallel)
     (1, 16, 32, 16, "strong", False, None),
@@ -127,6 +128,7 @@ BIDIR_CASES = [  # L, K, V, chunk, decay, normalize, algorithm
     (130, 16, 16, 16, "zero", False, "two_pass"),
     (90, 24, 40, 32, "strong", True, "two_pass"),
     (40, 16, 144, 16, "mild", True, "two_pass"),  # V > 128: three fused scans backward
+    (50, 40, 48, 16, "strong", True, "two_pass"),  # min(Kp, Vp) > 2C: states recomputed
 ]
 
 
@@ -184,6 +186,13 @@ def test_half_precision(rng, dtype, op):
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
     check_close([got], [want], dtype, ["y"])
     check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"])
+
+
+def test_keep_states_rule():
+    """Forward chunk states are kept for the backward only while they cost at most twice q/v."""
+    from pallas_kernels.linear_attention import keep_states
+    assert keep_states(64, 64, 64) and keep_states(128, 128, 64) and keep_states(6, 5, 16)
+    assert not keep_states(48, 40, 16) and not keep_states(128, 256, 32)
 
 
 @pytest.mark.parametrize("reverse,strict,splits", [(False, False, 1), (True, True, 2),
