@@ -232,13 +232,14 @@ def sweep(B, L, H, dims, reps, rng):
     walk = functools.partial(chunk_states, s0=None, chunk=64, reverse=False, precision=None,
                              interpret=False)
     stages = {  # label: fn(q, k, v, dy, g, state, den, causal states, LION states)
-        "states walk (bv=64)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64),
-        "states walk with z (bv=V)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=v.shape[-1],
-                                                                     with_z=True),
+        "states walk (bv=64, 2 stages)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64,
+                                                                         num_stages=2),
+        "states walk (bv=64, 3 stages)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64,
+                                                                         num_stages=3),
+        "states walk with z (bv=64)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64,
+                                                                      with_z=True),
         "causal forward": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
             q, k, v, g, out_dtype=jnp.bfloat16),
-        "causal backward, states kept": lambda q, k, v, dy, g, s, den, h, hl: causal_backward(
-            q, k, v, g, None, s, dy, s, h),
         "causal backward, recomputed": lambda q, k, v, dy, g, s, *_: causal_backward(
             q, k, v, g, None, s, dy, s),
         "LION forward": lambda q, k, v, dy, g, *_: bidirectional_scan(q, k, v, g,
@@ -247,9 +248,14 @@ def sweep(B, L, H, dims, reps, rng):
             q, k, v, g, dy, den, normalize=True),
     }
     for warps in (4, 8):
-        stages[f"LION backward, states kept, {warps} warps"] = (
-            lambda q, k, v, dy, g, s, den, h, hl, w=warps: lion_backward(
-                q, k, v, g, dy, den, hl, normalize=True, num_warps=w))
+        stages[f"causal backward, states kept, {warps} warps"] = (
+            lambda q, k, v, dy, g, s, den, h, hl, w=warps: causal_backward(
+                q, k, v, g, None, s, dy, s, h, num_warps=w))
+        for one in (True, False):
+            label = f"states kept, {'one kernel' if one else 'two kernels'}, {warps} warps"
+            stages[f"LION backward, {label}"] = (
+                lambda q, k, v, dy, g, s, den, h, hl, o=one, w=warps: lion_backward(
+                    q, k, v, g, dy, den, hl, normalize=True, one_kernel=o, num_warps=w))
     for block_v, warps in ((32, 4), (64, 4), (64, 8)):
         stages[f"causal forward block_v={block_v} warps={warps}"] = (
             lambda q, k, v, dy, g, *_, b=block_v, w=warps: chunk_scan_two_pass(
@@ -268,7 +274,7 @@ def sweep(B, L, H, dims, reps, rng):
             except Exception as e:
                 print(f"  D={D} {label}: failed: {type(e).__name__}: {e}"[:300])
                 continue
-            print(f"  D={D:4d} {label:45s}: {ms:8.3f}", flush=True)
+            print(f"  D={D:4d} {label:56s}: {ms:8.3f}", flush=True)
 
 
 RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)

@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _pad_axis, chunk_decays, pad_layout, reverse_cumsum
-from pallas_kernels.two_pass import chunk_states
+from pallas_kernels.two_pass import BACKWARD_BLOCK_V, BACKWARD_WARPS, chunk_states
 
 
 def _signs(c):
@@ -110,8 +110,8 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
                                                         num_stages)
     g = log_decay.astype(jnp.float32)
     states = functools.partial(chunk_states, k, v, g, None, chunk=chunk, bv=bv,
-                               precision=precision, num_stages=num_stages,
-                               interpret=interpret, splits=splits, with_z=normalize)
+                               precision=precision, interpret=interpret, splits=splits,
+                               with_z=normalize)
     forward, backward = states(reverse=False), states(reverse=True)  # (h, [z,] final)
     hf, hb = forward[0], backward[0]
 
@@ -157,6 +157,10 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
 
 # Head dims up to which the fused backward holds whole [Kp, Vp] tiles in one program.
 MAX_BACKWARD_DIM = 128
+# Above this head dim the backward runs as two kernels (dq; dk and dv), each holding fewer
+# tiles at once; at or below it as one. H100, L = 16K, 4 warps: D = 64 one kernel 1.71 ms,
+# two 1.81; D = 128 one 6.66, two 5.03 (docs/benchmarks.md).
+MAX_ONE_KERNEL_DIM = 64
 
 
 def supported(k_dim, v_dim):
@@ -164,19 +168,29 @@ def supported(k_dim, v_dim):
     return max(k_dim, v_dim) <= MAX_BACKWARD_DIM
 
 
-def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, dhb_ref, *refs,
-                  normalize, precision):
-    """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, dnum, dv ``[C, Vp]``; g, da ``[C]``;
-    hf, hb, dhf, dhb ``[Kp, Vp]``; with normalize also dden ``[C]`` and zf, zb, dzf, dzb
-    ``[Kp]`` (the z states of the forward (k, 1) and of (q, dden)).
+def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precision, parts):
+    """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, dnum, dv ``[C, Vp]``; g, da ``[C]``.
+
+    ``parts`` picks the outputs: "dq" (refs: hf, hb ``[Kp, Vp]``, the states of (k, v) before
+    and after the chunk; then dq, da), "dkv" (dhf, dhb, the states of (q, dnum); then dk, dv,
+    da) or "all" (hf, hb, dhf, dhb; dq, dk, dv, da). With normalize, after the states: dden
+    ``[C]`` and the z states ``[Kp]`` (zf, zb of (k, 1) for dq; dzf, dzb of (q, dden) for dk).
+    ``da`` is this kernel's share of dA.
 
     dA's intra-chunk part needs no matmul: with ``X = signs * G * M * (Q K^T)`` (float32),
     ``q_t . (signed dq)_t = rowsum(X)_t`` and ``k_t . (signed dk)_t = colsum(X)_t``."""
+    want_dq, want_dkv = parts in ("dq", "all"), parts in ("dkv", "all")
     refs = list(refs)
+
+    def take(n):
+        return [refs.pop(0) for _ in range(n)]
+
+    hf_ref, hb_ref = take(2) if want_dq else (None, None)
+    dhf_ref, dhb_ref = take(2) if want_dkv else (None, None)
     if normalize:
-        dd_ref, zf_ref, zb_ref, dzf_ref, dzb_ref = refs[:5]
-        refs = refs[5:]
-    dq_ref, dk_ref, dv_ref, da_ref = refs
+        dd_ref, = take(1)
+        zf_ref, zb_ref = take(2) if want_dq else (None, None)
+        dzf_ref, dzb_ref = take(2) if want_dkv else (None, None)
     q, k, v, dn = q_ref[...], k_ref[...], v_ref[...], dn_ref[...]
     dtype = q.dtype
     f32 = jnp.float32
@@ -187,37 +201,41 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, hf_ref, hb_ref, dhf_ref, d
     eh, et = jnp.exp(head)[:, None], jnp.exp(tail)[:, None]
     scores = dot(q, k, trans_b=True)
     grad_w = dot(dn, v, trans_b=True)  # d loss / d (s_ij M_ij), before the mask
-    dq_f = dot(dn, hf_ref[...], trans_b=True)  # from keys before the chunk (causal)
-    dq_b = dot(dn, hb_ref[...], trans_b=True)  # keys after it (anti-causal)
-    dk_c = dot(v, dhb_ref[...], trans_b=True)  # queries after the chunk (causal for the key)
-    dk_a = dot(v, dhf_ref[...], trans_b=True)  # queries before it (anti-causal)
     if normalize:
         dd = dd_ref[...].astype(f32)
         grad_w = grad_w + dd[:, None]
-        dq_f = dq_f + dd[:, None] * zf_ref[...][None, :]
-        dq_b = dq_b + dd[:, None] * zb_ref[...][None, :]
-        dk_c = dk_c + dzb_ref[...][None, :]
-        dk_a = dk_a + dzf_ref[...][None, :]
     grad_w = grad_w * mask
     signed = grad_w * scores * _signs(a.shape[0])
     gw = grad_w.astype(dtype)
-    dq_f, dq_b, dk_c, dk_a = dq_f * eh, dq_b * et, dk_c * et, dk_a * eh
-    dq = dot(gw, k) + dq_f + dq_b
-    dk = dot(gw, q, trans_a=True) + dk_c + dk_a
-    dv = (dot((scores * mask).astype(dtype), dn, trans_a=True) + dot(k, dhb_ref[...]) * et
-          + dot(k, dhf_ref[...]) * eh)
-    da_ref[...] = (jnp.sum(signed, axis=1) - jnp.sum(signed, axis=0)
-                   + jnp.sum(q.astype(f32) * (dq_f - dq_b), axis=1)
-                   - jnp.sum(k.astype(f32) * (dk_c - dk_a), axis=1))
-    dq_ref[...] = dq.astype(dq_ref.dtype)
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    da = jnp.zeros(a.shape, f32)
+    if want_dq:
+        before = dot(dn, hf_ref[...], trans_b=True)  # keys before the chunk (causal)
+        after = dot(dn, hb_ref[...], trans_b=True)  # keys after it (anti-causal)
+        if normalize:
+            before = before + dd[:, None] * zf_ref[...][None, :]
+            after = after + dd[:, None] * zb_ref[...][None, :]
+        before, after = before * eh, after * et
+        da = da + jnp.sum(signed, axis=1) + jnp.sum(q.astype(f32) * (before - after), axis=1)
+        refs.pop(0)[...] = (dot(gw, k) + before + after).astype(dtype)
+    if want_dkv:
+        dhf, dhb = dhf_ref[...], dhb_ref[...]
+        later = dot(v, dhb, trans_b=True)  # queries after the chunk (causal for the key)
+        earlier = dot(v, dhf, trans_b=True)  # queries before it (anti-causal)
+        if normalize:
+            later = later + dzb_ref[...][None, :]
+            earlier = earlier + dzf_ref[...][None, :]
+        later, earlier = later * et, earlier * eh
+        da = da - jnp.sum(signed, axis=0) - jnp.sum(k.astype(f32) * (later - earlier), axis=1)
+        refs.pop(0)[...] = (dot(gw, q, trans_a=True) + later + earlier).astype(dtype)
+        refs.pop(0)[...] = (dot((scores * mask).astype(dtype), dn, trans_a=True)
+                            + dot(k, dhb) * et + dot(k, dhf) * eh).astype(dtype)
+    refs.pop(0)[...] = da
 
 
 @functools.partial(jax.jit, static_argnames=("normalize", "chunk", "interpret", "num_warps",
-                                             "num_stages", "splits"))
+                                             "num_stages", "splits", "one_kernel"))
 def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normalize, chunk=64,
-                  interpret=False, num_warps=None, num_stages=2, splits=None):
+                  interpret=False, num_warps=None, num_stages=2, splits=None, one_kernel=None):
     """Gradients of LION attention in one pass over the chunks (head dims <= 128).
 
     With the weights ``w_ij = s_ij M_ij`` (``s_ij = q_i . k_j``) and their cotangents
@@ -228,25 +246,29 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     k_t . (dk causal - anti-causal part)_t``. States of ``(k, v)`` with the z of ones (kept
     from the forward pass, else two states launches), two states launches for ``(q, dnum)``
     with the z weighted by dden (both directions), then one kernel per chunk reading every
-    input once: ten matmuls.
+    input once (ten matmuls) or, for larger head dims, two (a dq kernel and a dk, dv kernel,
+    each recomputing the two C x C products: thirteen matmuls, fewer tiles held at once).
 
     Args:
       q, k: ``[B, L, H, K]``; v, dnum: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
       log_decay: ``[B, L, H]`` float32; dden: ``[B, L, H]`` float32 when normalize.
       kv_states: None (recomputed) or the forward's states of ``(k, v)``,
         ``bidirectional_scan(..., return_states=True)``'s last output.
+      one_kernel: one kernel or two; None: one for head dims <= ``MAX_ONE_KERNEL_DIM``.
+      num_warps: of the gradients kernels (None: ``two_pass.BACKWARD_WARPS``); num_stages,
+        chunk, interpret: as for ``chunk_scan``; splits: as for ``two_pass.chunk_states``.
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32)``.
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
     dtype = q.dtype
-    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, MAX_BACKWARD_DIM, num_warps,
-                                                       num_stages)
+    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, MAX_BACKWARD_DIM,
+                                                       num_warps or BACKWARD_WARPS, num_stages)
     dn = _pad_axis(dnum.astype(dtype), 3, vp)
     g = log_decay.astype(jnp.float32)
-    states = functools.partial(chunk_states, g=g, s0=None, chunk=chunk, bv=vp,
-                               precision=precision, num_stages=num_stages,
+    states = functools.partial(chunk_states, g=g, s0=None, chunk=chunk,
+                               bv=min(vp, BACKWARD_BLOCK_V), precision=precision,
                                interpret=interpret, splits=splits, with_z=normalize)
     if kv_states is None:
         kv_f, kv_b = states(k, v, reverse=False), states(k, v, reverse=True)
@@ -264,19 +286,34 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     row_spec = pl.BlockSpec((None, chunk, None), lambda b, h, n: (b, n, h))
     h_spec = pl.BlockSpec((None, None, None, kp, vp), lambda b, h, n: (b, h, n, 0, 0))
     z_spec = pl.BlockSpec((None, None, None, None, kp), lambda b, h, n: (b, h, 0, n, 0))
-    args = [q, k, v, dn, g, kv_f[0], kv_b[0], qd_f[0], qd_b[0]]
-    in_specs = [qk_spec, qk_spec, v_spec, v_spec, row_spec] + [h_spec] * 4
-    if normalize:
-        args += [dden.astype(jnp.float32), kv_f[1], kv_b[1], qd_f[1], qd_b[1]]
-        in_specs += [row_spec] + [z_spec] * 4
-    dq, dk, dv, da = pl.pallas_call(
-        functools.partial(_grads_kernel, normalize=normalize, precision=precision),
-        grid=(B, H, L // chunk), in_specs=in_specs,
-        out_specs=[qk_spec, qk_spec, v_spec, row_spec],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct(k.shape, dtype),
-                   jax.ShapeDtypeStruct(v.shape, dtype),
-                   jax.ShapeDtypeStruct((B, L, H), jnp.float32)],
-        compiler_params=params, interpret=interpret, name="lion_backward",
-    )(*args)
+    grad_shapes = {"dq": [(q.shape, qk_spec)], "dkv": [(k.shape, qk_spec), (v.shape, v_spec)]}
+    grad_shapes["all"] = grad_shapes["dq"] + grad_shapes["dkv"]
+
+    def call(parts, ab, dab):
+        """``ab``/``dab``: the (k, v) / (q, dnum) states (h, z) in both directions, or ()."""
+        args = [q, k, v, dn, g] + [x[0] for x in ab + dab]
+        in_specs = [qk_spec, qk_spec, v_spec, v_spec, row_spec] + [h_spec] * len(ab + dab)
+        if normalize:
+            args += [dden.astype(jnp.float32)] + [x[1] for x in ab + dab]
+            in_specs += [row_spec] + [z_spec] * len(ab + dab)
+        shapes = grad_shapes[parts]
+        return pl.pallas_call(
+            functools.partial(_grads_kernel, normalize=normalize, precision=precision,
+                              parts=parts),
+            grid=(B, H, L // chunk), in_specs=in_specs,
+            out_specs=[spec for _, spec in shapes] + [row_spec],
+            out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, _ in shapes]
+            + [jax.ShapeDtypeStruct((B, L, H), jnp.float32)],
+            compiler_params=params, interpret=interpret, name=f"lion_backward_{parts}",
+        )(*args)
+
+    if one_kernel is None:
+        one_kernel = max(kp, vp) <= MAX_ONE_KERNEL_DIM
+    if one_kernel:
+        dq, dk, dv, da = call("all", (kv_f, kv_b), (qd_f, qd_b))
+    else:
+        dq, da_q = call("dq", (kv_f, kv_b), ())
+        dk, dv, da_k = call("dkv", (), (qd_f, qd_b))
+        da = da_q + da_k
     dlog_decay = reverse_cumsum(da)
     return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay

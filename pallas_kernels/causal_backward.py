@@ -35,7 +35,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (_pad_axis, intra_decay, pad_layout, pad_state,
                                        reverse_cumsum)
-from pallas_kernels.two_pass import chunk_states
+from pallas_kernels.two_pass import BACKWARD_BLOCK_V, BACKWARD_WARPS, chunk_states
 
 MAX_DIM = 128
 
@@ -82,8 +82,8 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
       h: None or the forward's states entering every chunk, ``[B, H, N, Kp, Vp]`` in the input
         dtype and tile layout (``chunk_scan_two_pass(..., return_states=True)``); None:
         recomputed here.
-      chunk, interpret, num_warps, num_stages: as for ``chunk_scan``; splits: as for
-        ``two_pass.chunk_states``.
+      chunk, interpret, num_stages: as for ``chunk_scan``; num_warps: of the gradients kernel
+        (None: ``two_pass.BACKWARD_WARPS``); splits: as for ``two_pass.chunk_states``.
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32, dS0 [B, H, K, V] float32 or None)``;
       dq, dk, dv in the input dtype.
@@ -91,11 +91,12 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
     B, L, H, K = q.shape
     V = v.shape[-1]
     dtype = q.dtype
-    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, MAX_DIM, num_warps, num_stages)
+    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, MAX_DIM,
+                                                       num_warps or BACKWARD_WARPS, num_stages)
     do = _pad_axis(dy.astype(dtype), 3, vp)
     g = log_decay.astype(jnp.float32)
-    states = functools.partial(chunk_states, g=g, chunk=chunk, bv=vp, precision=precision,
-                               num_stages=num_stages, interpret=interpret, splits=splits)
+    states = functools.partial(chunk_states, g=g, chunk=chunk, bv=min(vp, BACKWARD_BLOCK_V),
+                               precision=precision, interpret=interpret, splits=splits)
     if h is None:
         h, _ = states(k, v, s0=pad_state(initial_state, kp, vp), reverse=False)
     elif h.shape != (B, H, L // chunk, kp, vp):

@@ -36,6 +36,12 @@ from pallas_kernels.chunk_scan import chunk_output, pad_layout, pad_state, rever
 # Warps per program of the states kernel (a [Kp, BV] state, one small matmul per step): 4 was
 # faster than 8 at D = 64 and 128 on an H100 (docs/benchmarks.md).
 STATES_WARPS = 4
+# Backward kernels (causal and LION gradients, head dims <= 128): 4 warps were faster than 8
+# on an H100 at D = 64 and 128 (0.97 vs 1.41 ms for the causal backward at D = 64, L = 16K).
+BACKWARD_WARPS = 4
+# A V-block of the states walks of the backward passes (the forward's is its block_v): at
+# D = 128 a 128 x 64 state walked faster than 128 x 128 (0.71 vs 0.87 ms with z, L = 16K).
+BACKWARD_BLOCK_V = 64
 # When the states kernel cuts the chunks into runs: only for states of at most
 # MAX_SPLIT_STATE entries, until TARGET_PROGRAMS programs, at least MIN_RUN_CHUNKS chunks per run.
 # Measured on an H100 at L = 16K (docs/benchmarks.md): 64 x 64 states with 64 programs took
@@ -162,7 +168,13 @@ def decay_factors(g, chunk, *, reverse):
     return jnp.exp(expo).reshape(B, H, L), jnp.exp(jnp.sum(a, axis=-1))
 
 
-def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_stages=2,
+def states_stages(kp, bv):
+    """Triton pipelining depth of the states kernel: 3 for states larger than 64 x 64 (a
+    128 x 64 walk took 0.56 ms with 3 against 0.68 with 2 on an H100, L = 16K), else 2."""
+    return 3 if kp * bv > 64 * 64 else 2
+
+
+def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_stages=None,
                  splits=None, with_z=False, z_weights=None):
     """The state entering each chunk in the scan's direction, and the final state.
 
@@ -171,7 +183,8 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
         Vp a multiple of ``bv``), g: ``[B, L, H]`` float32 log-decays, L a multiple of ``chunk``.
       s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first chunk scanned.
       splits: runs to cut the chunks into (a power of two dividing N); None: :func:`pick_splits`.
-      num_stages: Triton pipelining depth (the kernel runs ``STATES_WARPS`` warps).
+      num_stages: Triton pipelining depth (the kernel runs ``STATES_WARPS`` warps); None:
+        :func:`states_stages`.
       with_z: also carry ``z = sum_j decay_j u_j k_j``, starting from zero: with ``u = 1`` the
         state of a ones column of v (LION's normaliser).
       z_weights: None (u = 1) or ``[B, L, H]``, the ``u`` of ``z``.
@@ -190,7 +203,8 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
     call = functools.partial(_states_call, k, v, w, d, u, chunk=chunk, splits=splits, bv=bv,
                              reverse=reverse, with_z=with_z, precision=precision,
                              params=pltriton.CompilerParams(num_warps=STATES_WARPS,
-                                                            num_stages=num_stages),
+                                                            num_stages=num_stages or
+                                                            states_stages(k.shape[-1], bv)),
                              interpret=interpret)
     z0 = None
     if splits > 1:  # each run's end state from zero, then the state entering each run
@@ -236,7 +250,8 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
       log_decay: ``[B, L, H]``, entries ``<= 0``; initial_state: None or ``[B, H, K, V]``.
-      reverse, strict, chunk, block_v, out_dtype, interpret, num_stages: as there.
+      reverse, strict, chunk, block_v, out_dtype, interpret: as there.
+      num_stages: of the output kernel (the states kernel's: :func:`states_stages`).
       num_warps: of the output kernel (None: 4, faster than 8 here on an H100).
       splits: runs the states kernel cuts the chunks into (see :func:`chunk_states`).
       return_states: also return the states entering every chunk, ``h [B, H, N, Kp, Vp]`` in
@@ -251,7 +266,7 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     g = log_decay.astype(jnp.float32)
     s0 = pad_state(initial_state, kp, vp)
     h, state = chunk_states(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
-                            precision=precision, num_stages=num_stages, interpret=interpret,
+                            precision=precision, interpret=interpret,
                             splits=splits)
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))

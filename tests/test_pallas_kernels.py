@@ -6,6 +6,8 @@ tests/test_pallas_kernels.py`` compiles them with Triton. Errors are ``||a - b||
 same (rounded) inputs; forward outputs and the gradients of a random linear loss.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,6 +81,7 @@ CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state, algorithm
     (64, 16, 16, 16, "mild", True, "sequential"),
     (40, 16, 144, 16, "strong", True, "two_pass"),  # V > 128: three-scan backward
     (50, 48, 40, 16, "strong", True, "two_pass"),  # min(Kp, Vp) > 2C: states recomputed
+    (70, 96, 80, 64, "strong", True, "two_pass"),  # dims > 64
 ]
 PER_FEATURE_CASES = [  # per-feature decay [B, L, H, K] (algorithm None: always chunk-parallel)
     (1, 16, 32, 16, "strong", False, None),
@@ -129,6 +132,7 @@ BIDIR_CASES = [  # L, K, V, chunk, decay, normalize, algorithm
     (90, 24, 40, 32, "strong", True, "two_pass"),
     (40, 16, 144, 16, "mild", True, "two_pass"),  # V > 128: three fused scans backward
     (50, 40, 48, 16, "strong", True, "two_pass"),  # min(Kp, Vp) > 2C: states recomputed
+    (70, 96, 80, 64, "strong", True, "two_pass"),  # dims > 64: dq and dk/dv kernels
 ]
 
 
@@ -186,6 +190,49 @@ def test_half_precision(rng, dtype, op):
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
     check_close([got], [want], dtype, ["y"])
     check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"])
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_lion_backward_one_or_two_kernels(rng, normalize):
+    """The fused LION backward as one kernel and as a dq and a dk/dv kernel agree, with the
+    forward's states kept or recomputed."""
+    from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
+    B, L, H, K, V, chunk = 2, 48, 2, 32, 16, 16
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "strong", positive=True)
+    dnum = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.float32)
+    dden = jnp.asarray(rng.standard_normal((B, L, H)), jnp.float32) if normalize else None
+    kv = bidirectional_scan(q, k, v, g, normalize=normalize, chunk=chunk,
+                            interpret=not ON_GPU, return_states=True)[-1]
+
+    def run(one, states):
+        return lion_backward(q, k, v, g, dnum, dden, states, normalize=normalize, chunk=chunk,
+                             interpret=not ON_GPU, one_kernel=one)
+    want = run(True, None)
+    for one, states in ((False, None), (True, kv), (False, kv)):
+        for name, a, b in zip(["dq", "dk", "dv", "dlog_decay"], run(one, states), want):
+            err = rel_err(a, b)
+            print(f"{name} (one_kernel={one}, kept={states is not None}): rel err {err:.2e}")
+            assert err <= TOL[jnp.float32], f"{name}: {err}"
+
+
+def test_causal_backward_states_kept_or_recomputed(rng):
+    """The fused causal backward from the forward's kept states equals the one that
+    recomputes them."""
+    from pallas_kernels.causal_backward import causal_backward
+    B, L, H, K, V, chunk = 2, 48, 2, 32, 16, 16
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "strong")
+    s0, s_t, ds = (jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+                   for _ in range(3))
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.float32)
+    h = pallas_kernels.chunk_scan_two_pass(q, k, v, g, s0, chunk=chunk, interpret=not ON_GPU,
+                                           return_states=True)[-1]
+    run = functools.partial(causal_backward, q, k, v, g, s0, s_t, dy, ds, chunk=chunk,
+                            interpret=not ON_GPU)
+    names = ["dq", "dk", "dv", "dlog_decay", "ds0"]
+    for name, a, b in zip(names, run(h), run()):
+        err = rel_err(a, b)
+        print(f"{name}: rel err {err:.2e}")
+        assert err <= TOL[jnp.float32], f"{name}: {err}"
 
 
 def test_keep_states_rule():
