@@ -163,9 +163,11 @@ MAX_BACKWARD_DIM = 128
 MAX_ONE_KERNEL_DIM = 64
 
 
-def supported(k_dim, v_dim):
-    """Whether :func:`lion_backward` takes these head dims (else three fused scans)."""
-    return max(k_dim, v_dim) <= MAX_BACKWARD_DIM
+def supported(k_dim, v_dim, dtype):
+    """Whether :func:`lion_backward` takes these head dims and dtype (else three fused scans):
+    up to ``MAX_BACKWARD_DIM`` for 16-bit inputs, 64 for float32 (twice the bytes per tile:
+    the causal backward's float32 tiles at head dims 96/80 overflowed an H100's shared memory)."""
+    return max(k_dim, v_dim) <= (64 if dtype == jnp.float32 else MAX_BACKWARD_DIM)
 
 
 def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precision, parts):

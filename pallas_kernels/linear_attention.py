@@ -94,7 +94,7 @@ def keep_states(k_dim, v_dim, chunk):
 
 def _fused_causal_backward(q, v, g, cfg):
     return (cfg.get("algorithm") == "two_pass" and g.ndim == 3
-            and causal_backward_supported(q.shape[-1], v.shape[-1]))
+            and causal_backward_supported(q.shape[-1], v.shape[-1], q.dtype))
 
 
 def _causal_fwd(q, k, v, g, s0, cfg):
@@ -187,7 +187,7 @@ def _lion(q, k, v, g, cfg, normalize, eps):
 
 
 def _lion_fwd(q, k, v, g, cfg, normalize, eps):
-    keep = (lion_backward_supported(q.shape[-1], v.shape[-1])
+    keep = (lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype)
             and keep_states(q.shape[-1], v.shape[-1], cfg["chunk"]))
     out = bidirectional_scan(q, k, v, g, normalize=normalize, eps=eps, return_states=keep,
                              **_fused_cfg(cfg))
@@ -208,7 +208,7 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
         inv = 1.0 / (den + eps)
         dnum = (dy.astype(jnp.float32) * inv[..., None]).astype(v.dtype)
         dden = -_dot_last(dy, y) * inv
-    if lion_backward_supported(q.shape[-1], v.shape[-1]):
+    if lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype):
         dq, dk, dv, dlog_decay = lion_backward(q, k, v, g, dnum, dden, kv_states,
                                                normalize=normalize, chunk=cfg["chunk"],
                                                interpret=cfg["interpret"])
