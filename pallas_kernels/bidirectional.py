@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _pad_axis, chunk_decays, pad_layout, reverse_cumsum
-from pallas_kernels.two_pass import BACKWARD_BLOCK_V, BACKWARD_WARPS, chunk_states
+from pallas_kernels.two_pass import backward_layout, chunk_states
 
 
 def _signs(c):
@@ -265,13 +265,10 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     B, L, H, K = q.shape
     V = v.shape[-1]
     dtype = q.dtype
-    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, MAX_BACKWARD_DIM,
-                                                       num_warps or BACKWARD_WARPS, num_stages)
-    dn = _pad_axis(dnum.astype(dtype), 3, vp)
-    g = log_decay.astype(jnp.float32)
-    states = functools.partial(chunk_states, g=g, s0=None, chunk=chunk,
-                               bv=min(vp, BACKWARD_BLOCK_V), precision=precision,
-                               interpret=interpret, splits=splits, with_z=normalize)
+    q, k, v, dn, g, kp, vp, precision, params, states = backward_layout(
+        q, k, v, dnum, log_decay, max_dim=MAX_BACKWARD_DIM, chunk=chunk, interpret=interpret,
+        num_warps=num_warps, num_stages=num_stages, splits=splits)
+    states = functools.partial(states, s0=None, with_z=normalize)
     if kv_states is None:
         kv_f, kv_b = states(k, v, reverse=False), states(k, v, reverse=True)
     else:

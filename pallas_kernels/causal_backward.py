@@ -33,9 +33,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import (_pad_axis, intra_decay, pad_layout, pad_state,
-                                       reverse_cumsum)
-from pallas_kernels.two_pass import BACKWARD_BLOCK_V, BACKWARD_WARPS, chunk_states
+from pallas_kernels.chunk_scan import intra_decay, pad_state, reverse_cumsum
+from pallas_kernels.two_pass import backward_layout
 
 MAX_DIM = 128
 # float32 tiles take twice the shared memory: at head dims 96/80 the float32 kernel asked for
@@ -95,12 +94,9 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
     B, L, H, K = q.shape
     V = v.shape[-1]
     dtype = q.dtype
-    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, MAX_DIM,
-                                                       num_warps or BACKWARD_WARPS, num_stages)
-    do = _pad_axis(dy.astype(dtype), 3, vp)
-    g = log_decay.astype(jnp.float32)
-    states = functools.partial(chunk_states, g=g, chunk=chunk, bv=min(vp, BACKWARD_BLOCK_V),
-                               precision=precision, interpret=interpret, splits=splits)
+    q, k, v, do, g, kp, vp, precision, params, states = backward_layout(
+        q, k, v, dy, log_decay, max_dim=MAX_DIM, chunk=chunk, interpret=interpret,
+        num_warps=num_warps, num_stages=num_stages, splits=splits)
     if h is None:
         h, _ = states(k, v, s0=pad_state(initial_state, kp, vp), reverse=False)
     elif h.shape != (B, H, L // chunk, kp, vp):

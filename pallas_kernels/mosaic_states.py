@@ -35,7 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.two_pass import decay_factors
+from pallas_kernels.two_pass import decay_factors, entering_states
 
 # Default pipeline depth: as many steps as hold this many bytes of k, v and w (at least 2, at
 # most what fits): 6 steps for a 64 x 64 state, 4 for 128 x 64, 3 for 128 x 128. On an H100 at
@@ -250,7 +250,6 @@ def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_k
     """
     if (reason := supported(k, v, chunk, bv)) is not None:
         raise ValueError(reason)
-    B, L, H, _ = k.shape
     w, d = decay_factors(g, chunk, reverse=reverse)
     if not scale_in_kernel:
         k = (k.astype(jnp.float32) * jnp.swapaxes(w, 1, 2)[..., None]).astype(k.dtype)
@@ -258,14 +257,7 @@ def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_k
     walk = functools.partial(walk_states, k, v, w, d, chunk=chunk, bv=bv, reverse=reverse,
                              splits=splits, stages=stages, group=group, interpret=interpret)
     if splits > 1:  # the state entering each run, from each run's end state from zero
-        ends = walk(None, store=False)
-        run_decay = jnp.prod(d.reshape(B, H, splits, -1), axis=-1)[..., None, None]
-        state = jnp.zeros_like(ends[:, :, 0]) if s0 is None else s0
-        entering = [None] * splits
-        for r in reversed(range(splits)) if reverse else range(splits):
-            entering[r] = state
-            state = run_decay[:, :, r] * state + ends[:, :, r]
-        s0 = jnp.stack(entering, axis=2)
+        s0 = entering_states(walk(None, store=False), d, s0, reverse=reverse)
     elif s0 is not None:
         s0 = s0[:, :, None]
     h, ends = walk(s0)

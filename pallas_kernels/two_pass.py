@@ -31,7 +31,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import chunk_output, pad_layout, pad_state, reverse_cumsum
+from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, pad_layout, pad_state,
+                                       reverse_cumsum)
 
 # Warps per program of the states kernel (a [Kp, BV] state, one small matmul per step): 4 was
 # faster than 8 at D = 64 and 128 on an H100 (docs/benchmarks.md).
@@ -174,6 +175,23 @@ def states_stages(kp, bv):
     return 3 if kp * bv > 64 * 64 else 2
 
 
+def entering_states(ends, d, start, *, reverse):
+    """The state entering each run, from each run's end state when walked from zero.
+
+    ``ends [B, H, R, ...]`` (R runs of equal length), ``d [B, H, N]`` the chunk decay factors,
+    ``start`` None (zero) or ``[B, H, ...]`` the state before the first run scanned; returns
+    ``[B, H, R, ...]``: ``R`` steps of ``S = (run decay) S + end`` in the scan's direction."""
+    B, H, splits = ends.shape[:3]
+    run_decay = jnp.prod(d.reshape(B, H, splits, -1), axis=-1)
+    run_decay = run_decay.reshape(B, H, splits, *[1] * (ends.ndim - 3))
+    state = jnp.zeros_like(ends[:, :, 0]) if start is None else start
+    states = [None] * splits
+    for r in reversed(range(splits)) if reverse else range(splits):
+        states[r] = state
+        state = run_decay[:, :, r] * state + ends[:, :, r]
+    return jnp.stack(states, axis=2)
+
+
 def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_stages=None,
                  splits=None, with_z=False, z_weights=None):
     """The state entering each chunk in the scan's direction, and the final state.
@@ -209,25 +227,35 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
     z0 = None
     if splits > 1:  # each run's end state from zero, then the state entering each run
         ends, *zends = call(None, None, store=False)
-        run_decay = jnp.prod(d.reshape(B, H, splits, N // splits), axis=-1)
-        order = list(reversed(range(splits)) if reverse else range(splits))
-
-        def entering(ends, start):
-            state, states = start, [None] * splits
-            for r in order:
-                states[r] = state
-                state = run_decay[:, :, r].reshape(B, H, *[1] * (ends.ndim - 3)) * state \
-                    + ends[:, :, r]
-            return jnp.stack(states, axis=2)
-
-        s0 = entering(ends, jnp.zeros_like(ends[:, :, 0]) if s0 is None else s0)
+        s0 = entering_states(ends, d, s0, reverse=reverse)
         if with_z:
-            z0 = entering(zends[0][:, :, 0], jnp.zeros_like(zends[0][:, :, 0, 0]))
+            z0 = entering_states(zends[0][:, :, 0], d, None, reverse=reverse)
     elif s0 is not None:
         s0 = s0[:, :, None]
     outs = call(s0, z0, store=True)
     final = outs[2 if with_z else 1][:, :, 0 if reverse else -1]
     return (outs[0], outs[1], final) if with_z else (outs[0], final)
+
+
+def backward_layout(q, k, v, dy, log_decay, *, max_dim, chunk, interpret, num_warps,
+                    num_stages, splits):
+    """The shared set-up of the fused backward kernels (causal and LION).
+
+    Pads q, k, v and the output cotangent ``dy`` to the tile layout (``pad_layout`` with whole
+    ``[Kp, Vp]`` tiles up to ``max_dim``, ``num_warps`` None: ``BACKWARD_WARPS``) and binds
+    :func:`chunk_states` for the backward's walks (V-blocks of ``BACKWARD_BLOCK_V``).
+
+    Returns:
+      ``(q, k, v, dy, g, kp, vp, precision, params, states)``: g the float32 log-decays,
+      ``states(k, v, s0=..., reverse=..., ...)`` the bound :func:`chunk_states`.
+    """
+    q, k, v, kp, _, vp, precision, params = pad_layout(q, k, v, max_dim,
+                                                       num_warps or BACKWARD_WARPS, num_stages)
+    dy = _pad_axis(dy.astype(q.dtype), 3, vp)
+    g = log_decay.astype(jnp.float32)
+    states = functools.partial(chunk_states, g=g, chunk=chunk, bv=min(vp, BACKWARD_BLOCK_V),
+                               precision=precision, interpret=interpret, splits=splits)
+    return q, k, v, dy, g, kp, vp, precision, params, states
 
 
 def _output_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, *, reverse, strict, precision):
