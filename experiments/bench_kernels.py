@@ -7,8 +7,9 @@
 Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
   ours      pallas_kernels.causal_linear_attention (per-token log_decay) and
             pallas_kernels.bidirectional_linear_attention (LION, per-token decay, normalised),
-            each with algorithm="sequential" (_seq) and "two_pass" (_2pass); the causal op with
-            per-feature decay [B, L, H, K] (pallas_causal_per_feature, GLA-style)
+            each with algorithm="sequential" (_seq) and "two_pass" (_2pass: backend=None,
+            i.e. Mosaic GPU states walks on Hopper; _2pass_triton: every kernel Triton); the
+            causal op with per-feature decay [B, L, H, K] (pallas_causal_per_feature)
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
@@ -92,6 +93,10 @@ def jax_cases(quick):
             pallas_kernels.causal_linear_attention(q, k, v, g, algorithm=a))
         cases[f"pallas_lion_{short}"] = lambda q, k, v, g, a=algorithm: (
             pallas_kernels.bidirectional_linear_attention(q, k, v, g, algorithm=a))
+    cases["pallas_causal_2pass_triton"] = lambda q, k, v, g: (
+        pallas_kernels.causal_linear_attention(q, k, v, g, backend="triton"))
+    cases["pallas_lion_2pass_triton"] = lambda q, k, v, g: (
+        pallas_kernels.bidirectional_linear_attention(q, k, v, g, backend="triton"))
     if quick:
         return cases
     cases["pallas_causal_per_feature"] = lambda q, k, v, g: (
@@ -288,6 +293,8 @@ def sweep(B, L, H, dims, reps, rng):
 RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_causal_2pass", "pallas_causal_seq"),
     ("pallas_lion_2pass", "pallas_lion_seq"),
+    ("pallas_causal_2pass", "pallas_causal_2pass_triton"),
+    ("pallas_lion_2pass", "pallas_lion_2pass_triton"),
 ] + [(f"pallas_causal_{a}", peer) for a in ("seq", "2pass")
      for peer in ("fla_simple_gla_gamma", "fla_simple_gla_g", "fla_linear_attn", "cudnn_causal",
                   "xla_chunk_causal")] + [

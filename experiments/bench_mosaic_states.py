@@ -1,7 +1,8 @@
 """Time the Mosaic GPU states walk (pallas_kernels.mosaic_states) against the Triton one.
 
     python -m experiments.bench_mosaic_states [--lengths 16384,4096] [--reps 20]
-        [--configs 1x4,1x6,2x3] [--splits 4,8] [--deadline 240]
+        [--configs 1x4,1x6,2x3] [--splits 4,8] [--deadline 240] [--states 64x64,128x64,128x128]
+        [--with-z]
 
 Forward walk, bf16, chunk 64. Main table: B=4, H=16, (Kp, BV) in {(64, 64), (128, 64),
 (128, 128)}, V = BV (one V-block per head); rows, each timed end to end from (k, v, g) (the
@@ -15,6 +16,11 @@ decay factors included):
   mosaic_kernel    walk_states alone on keys scaled beforehand (the kernel of mosaic_xw)
 Then a small grid (B=1, H=8, Kp=BV=64, L=16K: 8 programs), where runs pay off:
   mosaic_rR        chunk_states_mosaic(splits=R) for each --splits R
+With --with-z, only the B=4, H=16 cases and these rows (the normaliser z of with_z=True):
+  triton_s1, mosaic  as above (no z)
+  triton_z, mosaic_z         with_z=True (u = 1, LION's forward; Mosaic: z_method="mma")
+  triton_zu, mosaic_zu       with_z=True, z_weights=u (random float32 weights)
+  mosaic_z[u]_reduce         the same with z_method="reduce"
 Each variant is timed twice, after all of its case's variants compiled, and keeps the faster
 of the two medians over ``--reps`` samples (each the mean of 5 back-to-back calls waited for
 once). Mosaic rows are checked against triton_s1 (relative errors of h and the final state).
@@ -24,6 +30,7 @@ The memory floor is the bytes one walk must move (k, v, h; w and d are small) at
 
 import argparse
 import functools
+import inspect
 import statistics
 import time
 import traceback
@@ -35,6 +42,9 @@ import numpy as np
 from pallas_kernels import mosaic_states, two_pass
 
 HBM_BYTES_PER_S = 3.35e12  # H100 SXM
+# the Triton walk, whatever two_pass.chunk_states would pick by default
+TRITON = ({"backend": "triton"} if "backend" in inspect.signature(two_pass.chunk_states).parameters
+          else {})
 
 
 def time_ms(fn, args, reps, inner=5):
@@ -76,7 +86,8 @@ class Bench:
             return
         fn = jax.jit(fn)
         try:
-            h, end = out = jax.block_until_ready(fn(*args))
+            out = jax.block_until_ready(fn(*args))
+            h, end = out[0], out[-1]  # with_z: (h, hz, end)
             self.results[name] = time_ms(fn, args, self.reps)
         except ValueError as e:  # e.g. a config that does not fit in shared memory
             print(f"  {name}: skipped ({str(e).splitlines()[0][:200]})", flush=True)
@@ -86,7 +97,7 @@ class Bench:
             return
         self.fns[name], self.args[name] = fn, args
         if self.ref is None:
-            self.ref = out
+            self.ref = (h, end)
         elif name.startswith("mosaic"):
             end = end[:, :, -1] if end.ndim == 5 else end  # walk_states: the runs' ends
             self.errors[name] = (rel_err(h, self.ref[0]), rel_err(end, self.ref[1]))
@@ -124,6 +135,9 @@ def main():
     parser.add_argument("--configs", default="1x4,1x6,2x3",
                         help="chunks per step x pipeline stages of the mosaic_gG_sS rows")
     parser.add_argument("--splits", default="4,8")
+    parser.add_argument("--states", default="64x64,128x64,128x128", help="Kp x BV of the cases")
+    parser.add_argument("--with-z", action="store_true",
+                        help="time with_z walks against plain ones (B=4, H=16 cases only)")
     parser.add_argument("--deadline", type=float, default=240.0,
                         help="seconds after which no new measurement starts")
     args = parser.parse_args()
@@ -134,14 +148,17 @@ def main():
     print(f"device: {jax.devices()[0].device_kind}; chunk={chunk} bf16, forward")
     table = [f"{'B':>2} {'H':>3} {'L':>6} {'Kp':>4} {'BV':>4} {'variant':<18} {'ms':>8} "
              f"{'vs triton_s1':>12} {'vs floor':>9}"]
-    cases = [(4, 16, L, kp, bv) for L in map(int, args.lengths.split(","))
-             for kp, bv in [(64, 64), (128, 64), (128, 128)]] + [(1, 8, 16384, 64, 64)]
+    states = [tuple(map(int, st.split("x"))) for st in args.states.split(",") if st]
+    cases = [(4, 16, L, kp, bv) for L in map(int, args.lengths.split(",")) for kp, bv in states]
+    if not args.with_z:
+        cases.append((1, 8, 16384, 64, 64))
     for B, H, L, kp, bv in cases:
         k, v, g = inputs(rng, B, L, H, kp, bv, chunk)
 
-        def triton(k, v, g, splits, bv=bv):
+        def triton(k, v, g, splits, bv=bv, **z):
             return two_pass.chunk_states(k, v, g, None, chunk=chunk, bv=bv, reverse=False,
-                                         precision=None, interpret=False, splits=splits)
+                                         precision=None, interpret=False, splits=splits,
+                                         **TRITON, **z)
 
         def mosaic(k, v, g, bv=bv, **options):
             return mosaic_states.chunk_states_mosaic(k, v, g, None, chunk=chunk, bv=bv,
@@ -149,6 +166,22 @@ def main():
 
         bench.case()
         bench("triton_s1", functools.partial(triton, splits=1), k, v, g)
+        if args.with_z:
+            u = jnp.asarray(rng.standard_normal((B, L, H)), jnp.float32)
+            bench("triton_z", functools.partial(triton, splits=1, with_z=True), k, v, g)
+            bench("triton_zu", lambda k, v, g, u: triton(k, v, g, 1, with_z=True, z_weights=u),
+                  k, v, g, u)
+            bench("mosaic", mosaic, k, v, g)
+            bench("mosaic_z", functools.partial(mosaic, with_z=True), k, v, g)
+            bench("mosaic_zu", lambda k, v, g, u: mosaic(k, v, g, with_z=True, z_weights=u),
+                  k, v, g, u)
+            bench("mosaic_z_reduce", functools.partial(mosaic, with_z=True, z_method="reduce"),
+                  k, v, g)
+            bench("mosaic_zu_reduce", lambda k, v, g, u: mosaic(k, v, g, with_z=True, z_weights=u,
+                                                                z_method="reduce"), k, v, g, u)
+            bench.report(table, f"{B:>2} {H:>3} {L:>6} {kp:>4} {bv:>4}",
+                         floor_ms(B, L, H, kp, bv, chunk, 2))
+            continue
         bench("triton_auto", functools.partial(triton, splits=None), k, v, g)
         bench("mosaic", mosaic, k, v, g)
         if (B, H) != (4, 16):

@@ -66,8 +66,11 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
     if normalize:
         zf = zf_ref[...].astype(jnp.float32)
         zb = zb_ref[...].astype(jnp.float32)
-        den = (jnp.sum(scores, axis=1) + jnp.sum(q_f * zf[None, :], axis=1)
-               + jnp.sum(q_b * zb[None, :], axis=1))
+        # den from the weights as the numerator's matmuls see them (rounded to the input
+        # dtype), so that y stays a weighted average of v: the backward relies on it.
+        rounded = lambda x: x.astype(dtype).astype(jnp.float32)
+        den = (jnp.sum(rounded(scores), axis=1) + jnp.sum(rounded(q_f) * zf[None, :], axis=1)
+               + jnp.sum(rounded(q_b) * zb[None, :], axis=1))
         o_ref[...] = (num / (den + eps)[:, None]).astype(o_ref.dtype)
         refs.pop(0)[...] = den
     else:
@@ -80,10 +83,11 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
 
 @functools.partial(jax.jit, static_argnames=("normalize", "eps", "chunk", "block_v",
                                              "out_dtype", "interpret", "num_warps",
-                                             "num_stages", "splits", "return_states"))
+                                             "num_stages", "splits", "return_states",
+                                             "backend"))
 def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps=1e-6,
                        chunk=64, block_v=64, out_dtype=None, interpret=False, num_warps=None,
-                       num_stages=2, splits=None, return_states=False):
+                       num_stages=2, splits=None, return_states=False, backend=None):
     """LION attention, both directions fused (see the module docstring).
 
     Args:
@@ -94,7 +98,7 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
       normalize, eps: divide by ``den + eps``; also return ``den``.
       chunk, block_v, interpret, num_warps, num_stages: as for ``chunk_scan``.
       out_dtype: dtype of ``o`` (None: v.dtype).
-      splits: runs the states kernel cuts the chunks into (see ``two_pass.chunk_states``).
+      splits, backend: the states walks' runs and kernel (see ``two_pass.chunk_states``).
       return_states: also return the states of ``(k, v)`` for :func:`lion_backward`: the tuple
         ``(hf, hb)`` (``[B, H, N, Kp, Vp]``, input dtype, tile layout) or, if normalize,
         ``(hf, hb, zf, zb)`` (``[B, H, V-blocks, N, Kp]`` float32).
@@ -111,7 +115,7 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
     g = log_decay.astype(jnp.float32)
     states = functools.partial(chunk_states, k, v, g, None, chunk=chunk, bv=bv,
                                precision=precision, interpret=interpret, splits=splits,
-                               with_z=normalize)
+                               with_z=normalize, backend=backend)
     forward, backward = states(reverse=False), states(reverse=True)  # (h, [z,] final)
     hf, hb = forward[0], backward[0]
 
@@ -235,9 +239,11 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
 
 
 @functools.partial(jax.jit, static_argnames=("normalize", "chunk", "interpret", "num_warps",
-                                             "num_stages", "splits", "one_kernel"))
+                                             "num_stages", "splits", "one_kernel",
+                                             "backend"))
 def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normalize, chunk=64,
-                  interpret=False, num_warps=None, num_stages=2, splits=None, one_kernel=None):
+                  interpret=False, num_warps=None, num_stages=2, splits=None, one_kernel=None,
+                  backend=None):
     """Gradients of LION attention in one pass over the chunks (head dims <= 128).
 
     With the weights ``w_ij = s_ij M_ij`` (``s_ij = q_i . k_j``) and their cotangents
@@ -258,7 +264,8 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
         ``bidirectional_scan(..., return_states=True)``'s last output.
       one_kernel: one kernel or two; None: one for head dims <= ``MAX_ONE_KERNEL_DIM``.
       num_warps: of the gradients kernels (None: ``two_pass.BACKWARD_WARPS``); num_stages,
-        chunk, interpret: as for ``chunk_scan``; splits: as for ``two_pass.chunk_states``.
+        chunk, interpret: as for ``chunk_scan``; splits, backend: as for
+        ``two_pass.chunk_states`` (backend: the states walks' kernel).
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32)``.
     """
@@ -267,7 +274,7 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     dtype = q.dtype
     q, k, v, dn, g, kp, vp, precision, params, states = backward_layout(
         q, k, v, dnum, log_decay, max_dim=MAX_BACKWARD_DIM, chunk=chunk, interpret=interpret,
-        num_warps=num_warps, num_stages=num_stages, splits=splits)
+        num_warps=num_warps, num_stages=num_stages, splits=splits, backend=backend)
     states = functools.partial(states, s0=None, with_z=normalize)
     if kv_states is None:
         kv_f, kv_b = states(k, v, reverse=False), states(k, v, reverse=True)

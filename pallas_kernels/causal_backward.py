@@ -72,9 +72,10 @@ def supported(k_dim, v_dim, dtype):
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps", "num_stages",
-                                             "splits"))
+                                             "splits", "backend"))
 def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state, h=None, *,
-                    chunk=64, interpret=False, num_warps=None, num_stages=2, splits=None):
+                    chunk=64, interpret=False, num_warps=None, num_stages=2, splits=None,
+                    backend=None):
     """Gradients of the causal scan (see the module docstring).
 
     Args:
@@ -86,7 +87,8 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
         dtype and tile layout (``chunk_scan_two_pass(..., return_states=True)``); None:
         recomputed here.
       chunk, interpret, num_stages: as for ``chunk_scan``; num_warps: of the gradients kernel
-        (None: ``two_pass.BACKWARD_WARPS``); splits: as for ``two_pass.chunk_states``.
+        (None: ``two_pass.BACKWARD_WARPS``); splits, backend: as for
+        ``two_pass.chunk_states`` (backend: the states walks' kernel).
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32, dS0 [B, H, K, V] float32 or None)``;
       dq, dk, dv in the input dtype.
@@ -96,7 +98,7 @@ def causal_backward(q, k, v, log_decay, initial_state, final_state, dy, d_state,
     dtype = q.dtype
     q, k, v, do, g, kp, vp, precision, params, states = backward_layout(
         q, k, v, dy, log_decay, max_dim=MAX_DIM, chunk=chunk, interpret=interpret,
-        num_warps=num_warps, num_stages=num_stages, splits=splits)
+        num_warps=num_warps, num_stages=num_stages, splits=splits, backend=backend)
     if h is None:
         h, _ = states(k, v, s0=pad_state(initial_state, kp, vp), reverse=False)
     elif h.shape != (B, H, L // chunk, kp, vp):

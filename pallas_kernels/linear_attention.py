@@ -50,7 +50,8 @@ from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
 from pallas_kernels.chunk_scan import chunk_scan, reverse_cumsum
 from pallas_kernels.per_feature import chunk_scan_per_feature
-from pallas_kernels.two_pass import chunk_scan_two_pass
+from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
+from pallas_kernels.two_pass import BACKENDS, BACKWARD_BLOCK_V, chunk_scan_two_pass, hopper
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 ALGORITHMS = ("sequential", "two_pass")
@@ -115,7 +116,7 @@ def _causal_bwd(cfg, res, cotangents):
     if _fused_causal_backward(q, v, g, cfg):
         dq, dk, dv, dlog_decay, ds0 = causal_backward(
             q, k, v, g, s0, state, dy, d_state, h, chunk=cfg["chunk"],
-            interpret=cfg["interpret"])
+            interpret=cfg["interpret"], backend=cfg["backend"])
         return dq, dk, dv, dlog_decay.astype(g.dtype), ds0
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
     dq, _ = _scan(dy, v, k, g, s0_t, decay_on="value", **cfg)
@@ -189,29 +190,36 @@ def _lion(q, k, v, g, cfg, normalize, eps):
 def _lion_fwd(q, k, v, g, cfg, normalize, eps):
     keep = (lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype)
             and keep_states(q.shape[-1], v.shape[-1], cfg["chunk"]))
+    # Normalised, the backward needs y in float32 (see _lion_bwd); the output is its cast.
     out = bidirectional_scan(q, k, v, g, normalize=normalize, eps=eps, return_states=keep,
-                             **_fused_cfg(cfg))
+                             out_dtype=jnp.float32 if normalize else v.dtype, **_fused_cfg(cfg))
     out = list(out) if isinstance(out, tuple) else [out]
     y, den = out[0], (out[1] if normalize else None)
-    return y, (q, k, v, g, y, den, out[-1] if keep else None)
+    return y.astype(v.dtype), (q, k, v, g, y if normalize else None, den,
+                               out[-1] if keep else None)
 
 
 def _lion_bwd(cfg, normalize, eps, res, dy):
     """With ``y = num / (den + eps)``: ``dnum = dy / (den + eps)`` and
-    ``dden = -(dy . y) / (den + eps)``; since ``den = Bidir(q, k, 1)`` the pair enters the dq and
-    dk scans as one more feature column (``[dnum | dden]`` against ``[v | 1]``)."""
+    ``dden = -(dy . y) / (den + eps) = -(dnum . y)``; since ``den = Bidir(q, k, 1)`` the pair
+    enters the dq and dk scans as one more feature column (``[dnum | dden]`` against ``[v | 1]``).
+
+    The weights' cotangent ``G_ij = dnum_i . (v_j - y_i)`` has zero mean under the attention
+    weights, so dq and dk are sums that cancel: an error in dden that is not matched in dnum is
+    amplified. dden is therefore ``-(dnum . y)`` from dnum as the kernels see it (rounded to the
+    input dtype) and y in float32 (bf16, L = 100: dq's relative RMS error 1.3e-2 -> 5e-3)."""
     q, k, v, g, y, den, kv_states = res
     scan = functools.partial(bidirectional_scan, **_fused_cfg(cfg))
     dnum, dden = dy, None
     dq_in, v_in = dy, v
     if normalize:
-        inv = 1.0 / (den + eps)
-        dnum = (dy.astype(jnp.float32) * inv[..., None]).astype(v.dtype)
-        dden = -_dot_last(dy, y) * inv
+        dnum = (dy.astype(jnp.float32) / (den + eps)[..., None]).astype(v.dtype)
+        dden = -_dot_last(dnum, y)
     if lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype):
         dq, dk, dv, dlog_decay = lion_backward(q, k, v, g, dnum, dden, kv_states,
                                                normalize=normalize, chunk=cfg["chunk"],
-                                               interpret=cfg["interpret"])
+                                               interpret=cfg["interpret"],
+                                               backend=cfg["backend"])
         return dq, dk, dv, dlog_decay.astype(g.dtype)
     if normalize:  # larger head dims: three fused scans, [dnum | dden] against [v | 1]
         dq_in = jnp.concatenate([dnum, dden[..., None].astype(v.dtype)], axis=-1)
@@ -239,11 +247,12 @@ def _next_pow2(n: int) -> int:
 
 
 def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64, bidirectional=False,
-                       algorithm=None):
+                       algorithm=None, backend=None):
     """Why the kernels cannot take these inputs, or None when they can.
 
     ``log_decay`` may be ``[B, L, H]`` or, for the causal op (``bidirectional=False``), per
-    feature ``[B, L, H, K]``; ``algorithm`` must be None or one of :data:`ALGORITHMS`.
+    feature ``[B, L, H, K]``; ``algorithm`` must be None or one of :data:`ALGORITHMS`;
+    ``backend`` None, ``"triton"`` or ``"mosaic"`` (whose states walks take only some inputs).
 
     The message names the argument and the expected shape or range; the public functions raise
     it as a ValueError, and ``lion_jax.ops`` (impl="auto") uses it to pick another form.
@@ -274,6 +283,30 @@ def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64, bidirectional=
         return f"chunk_size must be a power of two >= 16; got {chunk_size}"
     if algorithm is not None and algorithm not in ALGORITHMS:
         return f"algorithm must be None or one of {ALGORITHMS}; got {algorithm!r}"
+    if backend is not None and backend not in BACKENDS:
+        return f"backend must be None or one of {BACKENDS}; got {backend!r}"
+    if backend == "mosaic":
+        return _mosaic_reason(q, v, log_decay, chunk_size, algorithm)
+    return None
+
+
+def _mosaic_reason(q, v, log_decay, chunk_size, algorithm):
+    """Why ``backend="mosaic"`` cannot run: its states walks need the two-pass algorithm, decay
+    per token (or none) and inputs the Mosaic walk takes (``mosaic_states.supported``), checked
+    for the forward's and the backward's V-blocks."""
+    if algorithm == "sequential" or (log_decay is not None and log_decay.ndim == 4):
+        return ("backend='mosaic' runs the two-pass algorithm with decay per token (or none); "
+                "use backend=None or 'triton' for algorithm='sequential' or per-feature decay")
+    B, L, H, K = q.shape
+    chunk = _chunk(chunk_size, L)
+    Lp = -(-L // chunk) * chunk
+    kp, vp = _next_pow2(max(K, 16)), _next_pow2(max(v.shape[-1], 16))
+    dtype = jnp.result_type(q, v)
+    keys = jax.ShapeDtypeStruct((1, Lp, 1, kp), dtype)
+    for bv in sorted({min(64, vp), min(BACKWARD_BLOCK_V, vp)}):
+        values = jax.ShapeDtypeStruct((1, Lp, 1, -(-vp // bv) * bv), dtype)
+        if (reason := mosaic_walk_reason(keys, values, chunk, bv)) is not None:
+            return f"backend='mosaic': {reason}; use backend=None or 'triton' here"
     return None
 
 
@@ -284,10 +317,15 @@ def _check_inputs(q, k, v, log_decay, chunk_size, **kwargs):
         raise ValueError(f"pallas_kernels: {reason}")
 
 
-def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None):
+def _chunk(chunk_size, L):
+    """The chunk the kernels use: ``chunk_size``, smaller for short sequences."""
+    return min(chunk_size, max(16, _next_pow2(L)))
+
+
+def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None, backend=None):
     """Common dtype, padding of L to a multiple of the chunk, and the static kernel config."""
     L = q.shape[1]
-    chunk = min(chunk_size, max(16, _next_pow2(L)))
+    chunk = _chunk(chunk_size, L)
     pad = -L % chunk
     dtype = jnp.result_type(q, k, v)
     if log_decay is None:
@@ -297,14 +335,21 @@ def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None):
     g = jnp.pad(log_decay.astype(jnp.float32), widths[:log_decay.ndim])
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
+    if backend == "mosaic" and not interpret and not hopper():
+        raise ValueError("pallas_kernels: backend='mosaic' needs an NVIDIA GPU of compute "
+                         "capability >= 9.0 (Hopper) or interpret=True; use backend=None or "
+                         f"'triton' on {jax.devices()[0].device_kind}")
     cfg = dict(chunk=chunk, block_v=64, interpret=bool(interpret))
     if log_decay.ndim == 3:  # per-feature decay has only the chunk-parallel form
         cfg["algorithm"] = algorithm or DEFAULT_ALGORITHM
+        if cfg["algorithm"] == "two_pass":
+            cfg["backend"] = backend
     return q, k, v, g, cfg
 
 
 def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_state=None,
-                            return_final_state=False, interpret=None, algorithm=None):
+                            return_final_state=False, interpret=None, algorithm=None,
+                            backend=None):
     """Causal chunked linear attention with per-token or per-feature decay (Pallas kernels).
 
     ``y_i = sum_{j<=i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T + q_i^T diag(exp(A_i)) S0`` with
@@ -321,17 +366,22 @@ def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_s
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
       algorithm: "sequential", "two_pass" or None (``DEFAULT_ALGORITHM``, the faster one as
         measured); per-feature decay always runs chunk-parallel.
+      backend: the states walks' kernels: None (Mosaic GPU on a Hopper GPU where its walk
+        takes the inputs, else Triton), "triton" (Pallas lowered through Triton: Ampere,
+        Hopper, the interpreter on CPU) or "mosaic" (Pallas Mosaic GPU walks: Hopper, 16-bit
+        inputs, head dims above 32, chunks of 64..256; a ValueError says why otherwise). The
+        other kernels are Triton-lowered either way.
     Returns:
       ``y [B, L, H, V]`` in v.dtype, or ``(y, final_state [B, H, K, V] float32)``.
     """
-    _check_inputs(q, k, v, log_decay, chunk_size, algorithm=algorithm)
+    _check_inputs(q, k, v, log_decay, chunk_size, algorithm=algorithm, backend=backend)
     B, L, H, K = q.shape
     V = v.shape[-1]
     if initial_state is not None and initial_state.shape != (B, H, K, V):
         raise ValueError(f"initial_state must be [B, H, K, V] = {(B, H, K, V)}; "
                          f"got {initial_state.shape}")
     out_dtype = v.dtype
-    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm)
+    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm, backend)
     s0 = None if initial_state is None else initial_state.astype(jnp.float32)
     y, state = _causal(q, k, v, g, s0, cfg)
     y = y[:, :L].astype(out_dtype)
@@ -339,7 +389,7 @@ def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_s
 
 
 def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6,
-                                   chunk_size=64, interpret=None, algorithm=None):
+                                   chunk_size=64, interpret=None, algorithm=None, backend=None):
     """LION bidirectional chunked linear attention (Pallas kernel).
 
     ``M_ij = exp(-|A_i - A_j|)``, ``s_ij = q_i . k_j``; with ``normalize`` the output is
@@ -355,13 +405,19 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
       algorithm: "sequential", "two_pass" or None (``DEFAULT_ALGORITHM``, the faster one as
         measured).
+      backend: the states walks' kernels: None (Mosaic GPU on a Hopper GPU where its walk
+        takes the inputs, else Triton), "triton" (Pallas lowered through Triton: Ampere,
+        Hopper, the interpreter on CPU) or "mosaic" (Pallas Mosaic GPU walks: Hopper, 16-bit
+        inputs, head dims above 32, chunks of 64..256; a ValueError says why otherwise). The
+        other kernels are Triton-lowered either way.
     Returns:
       ``y [B, L, H, V]`` in v.dtype.
     """
-    _check_inputs(q, k, v, log_decay, chunk_size, bidirectional=True, algorithm=algorithm)
+    _check_inputs(q, k, v, log_decay, chunk_size, bidirectional=True, algorithm=algorithm,
+                  backend=backend)
     L, V = q.shape[1], v.shape[-1]
     out_dtype = v.dtype
-    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm)
+    q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm, backend)
     if cfg["algorithm"] == "two_pass":
         return _lion(q, k, v, g, cfg, normalize, float(eps))[:, :L].astype(out_dtype)
     if normalize:  # a ones column in V carries the denominator through the same kernel

@@ -29,6 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, pad_layout, pad_state,
@@ -50,16 +51,26 @@ BACKWARD_BLOCK_V = 64
 MAX_SPLIT_STATE = 64 * 64
 TARGET_PROGRAMS = 512
 MIN_RUN_CHUNKS = 8
+# The Mosaic GPU walk (mosaic_states.py) splits, for any state size, until 64 programs: on an
+# H100 at L = 16K a 64 x 64 walk with 64 programs took 0.21 ms unsplit and 0.31 in 2 runs, one
+# with 8 programs 0.20 ms unsplit and 0.08-0.09 in 8 runs.
+MOSAIC_TARGET_PROGRAMS = 64
+# With z, a 128 x 128 Mosaic walk spilled registers: 1.49 ms against Triton's 1.15 on an H200
+# (L = 16K); 128 x 64 took 0.35 against 0.78. backend=None walks larger states with Triton.
+MOSAIC_MAX_Z_STATE = 128 * 64
+BACKENDS = ("triton", "mosaic")
 
 
-def pick_splits(programs, num_chunks, state_entries):
-    """The number of runs (a power of two dividing ``num_chunks``) to cut the chunks into: 1 for
-    states larger than ``MAX_SPLIT_STATE``, else until ``programs * splits`` reaches
-    ``TARGET_PROGRAMS``, keeping at least ``MIN_RUN_CHUNKS`` chunks per run."""
+def pick_splits(programs, num_chunks, state_entries, *, backend="triton"):
+    """The number of runs (a power of two dividing ``num_chunks``) to cut the chunks into,
+    keeping at least ``MIN_RUN_CHUNKS`` chunks per run. Triton: 1 for states larger than
+    ``MAX_SPLIT_STATE``, else until ``programs * splits`` reaches ``TARGET_PROGRAMS``; Mosaic:
+    until ``MOSAIC_TARGET_PROGRAMS``."""
     splits = 1
-    if state_entries > MAX_SPLIT_STATE:
+    target = MOSAIC_TARGET_PROGRAMS if backend == "mosaic" else TARGET_PROGRAMS
+    if backend != "mosaic" and state_entries > MAX_SPLIT_STATE:
         return splits
-    while (programs * splits < TARGET_PROGRAMS and num_chunks % (2 * splits) == 0
+    while (programs * splits < target and num_chunks % (2 * splits) == 0
            and num_chunks // (2 * splits) >= MIN_RUN_CHUNKS):
         splits *= 2
     return splits
@@ -87,12 +98,12 @@ def _states_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *out_refs,
                 hz_ref[n] = z
         sl = pl.ds(n * chunk, chunk)
         k = k_ref[sl, :]
-        k_dec = k * w_ref[sl][:, None]
+        k_dec = (k * w_ref[sl][:, None]).astype(k.dtype)
         decay = jnp.sum(d_ref[pl.ds(n, 1)])
-        update = pltriton.dot(k_dec.astype(k.dtype), v_ref[sl, :], trans_a=True,
-                              precision=precision)
-        if with_z:
-            z_dec = k_dec if u_ref is None else k_dec * u_ref[sl].astype(jnp.float32)[:, None]
+        update = pltriton.dot(k_dec, v_ref[sl, :], trans_a=True, precision=precision)
+        if with_z:  # the same rounded keys as the state's: num and den stay consistent
+            z_dec = k_dec.astype(jnp.float32)
+            z_dec = z_dec if u_ref is None else z_dec * u_ref[sl].astype(jnp.float32)[:, None]
             z = decay * z + jnp.sum(z_dec, axis=0)
         return decay * state + update, z
 
@@ -192,8 +203,38 @@ def entering_states(ends, d, start, *, reverse):
     return jnp.stack(states, axis=2)
 
 
+def hopper():
+    """Whether the default device is an NVIDIA GPU of compute capability >= 9.0 (Hopper)."""
+    device = jax.devices()[0]
+    return (device.platform == "gpu"
+            and float(getattr(device, "compute_capability", None) or 0) >= 9.0)
+
+
+def walk_backend(k, v, *, chunk, bv, backend, interpret, with_z=False):
+    """The kernel that walks these states: ``"mosaic"`` (``mosaic_states.py``) or ``"triton"``.
+
+    ``backend`` None picks Mosaic GPU when compiling for a Hopper GPU and its walk takes the
+    inputs (16-bit, ``Kp`` and ``bv`` multiples of 64, chunk 64..256: ``mosaic_states.supported``)
+    and, with z, the state has at most ``MOSAIC_MAX_Z_STATE`` entries, else Triton; ``"mosaic"`` raises a ValueError with the reason when its walk cannot take them;
+    ``"triton"`` is always Triton. ``interpret`` runs the chosen kernel in its interpreter.
+    """
+    if backend == "triton":
+        return backend
+    if backend not in (None, "mosaic"):
+        raise ValueError(f"backend must be None or one of {BACKENDS}; got {backend!r}")
+    from pallas_kernels import mosaic_states  # a call-time import: it imports this module
+    reason = mosaic_states.supported(k, v, chunk, bv)
+    if backend == "mosaic":
+        if reason is not None:
+            raise ValueError(f"backend='mosaic': {reason}, or pass backend=None / 'triton'")
+        return backend
+    if with_z and k.shape[-1] * bv > MOSAIC_MAX_Z_STATE:
+        return "triton"
+    return "mosaic" if reason is None and not interpret and hopper() else "triton"
+
+
 def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_stages=None,
-                 splits=None, with_z=False, z_weights=None):
+                 splits=None, with_z=False, z_weights=None, backend=None):
     """The state entering each chunk in the scan's direction, and the final state.
 
     Args:
@@ -206,16 +247,25 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
       with_z: also carry ``z = sum_j decay_j u_j k_j``, starting from zero: with ``u = 1`` the
         state of a ones column of v (LION's normaliser).
       z_weights: None (u = 1) or ``[B, L, H]``, the ``u`` of ``z``.
+      backend: the walk's kernel, see :func:`walk_backend` (None: Mosaic GPU on Hopper where
+        it applies, else Triton).
     Returns:
       ``(h [B, H, N, Kp, Vp] k.dtype, final [B, H, Kp, Vp] float32)``; with_z
       ``(h, z [B, H, V-blocks, N, Kp] float32, final)`` (every V-block holds the same z).
     """
     B, L, H, _ = k.shape
     N = L // chunk
+    backend = walk_backend(k, v, chunk=chunk, bv=bv, backend=backend, interpret=interpret,
+                           with_z=with_z)
     if splits is None:
-        splits = pick_splits(B * H * (v.shape[-1] // bv), N, k.shape[-1] * bv)
+        splits = pick_splits(B * H * (v.shape[-1] // bv), N, k.shape[-1] * bv, backend=backend)
     if N % splits:
         raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
+    if backend == "mosaic":
+        from pallas_kernels.mosaic_states import chunk_states_mosaic
+        return chunk_states_mosaic(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
+                                   splits=splits, with_z=with_z, z_weights=z_weights,
+                                   interpret=plgpu.InterpretGPUParams() if interpret else None)
     w, d = decay_factors(g, chunk, reverse=reverse)
     u = None if z_weights is None else jnp.swapaxes(z_weights, 1, 2)
     call = functools.partial(_states_call, k, v, w, d, u, chunk=chunk, splits=splits, bv=bv,
@@ -238,12 +288,13 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
 
 
 def backward_layout(q, k, v, dy, log_decay, *, max_dim, chunk, interpret, num_warps,
-                    num_stages, splits):
+                    num_stages, splits, backend):
     """The shared set-up of the fused backward kernels (causal and LION).
 
     Pads q, k, v and the output cotangent ``dy`` to the tile layout (``pad_layout`` with whole
     ``[Kp, Vp]`` tiles up to ``max_dim``, ``num_warps`` None: ``BACKWARD_WARPS``) and binds
-    :func:`chunk_states` for the backward's walks (V-blocks of ``BACKWARD_BLOCK_V``).
+    :func:`chunk_states` for the backward's walks (V-blocks of ``BACKWARD_BLOCK_V``, the walks'
+    kernel picked by ``backend`` as in :func:`walk_backend`).
 
     Returns:
       ``(q, k, v, dy, g, kp, vp, precision, params, states)``: g the float32 log-decays,
@@ -254,7 +305,8 @@ def backward_layout(q, k, v, dy, log_decay, *, max_dim, chunk, interpret, num_wa
     dy = _pad_axis(dy.astype(q.dtype), 3, vp)
     g = log_decay.astype(jnp.float32)
     states = functools.partial(chunk_states, g=g, chunk=chunk, bv=min(vp, BACKWARD_BLOCK_V),
-                               precision=precision, interpret=interpret, splits=splits)
+                               precision=precision, interpret=interpret, splits=splits,
+                               backend=backend)
     return q, k, v, dy, g, kp, vp, precision, params, states
 
 
@@ -269,10 +321,12 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, *, reverse, strict,
 
 @functools.partial(jax.jit, static_argnames=("reverse", "strict", "chunk", "block_v",
                                              "out_dtype", "interpret", "num_warps",
-                                             "num_stages", "splits", "return_states"))
+                                             "num_stages", "splits", "return_states",
+                                             "backend"))
 def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=False,
                         chunk=64, block_v=64, out_dtype=jnp.float32, interpret=False,
-                        num_warps=None, num_stages=2, splits=None, return_states=False):
+                        num_warps=None, num_stages=2, splits=None, return_states=False,
+                        backend=None):
     """:func:`pallas_kernels.chunk_scan` computed chunk-parallel (same arguments and results).
 
     Args:
@@ -284,6 +338,7 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
       splits: runs the states kernel cuts the chunks into (see :func:`chunk_states`).
       return_states: also return the states entering every chunk, ``h [B, H, N, Kp, Vp]`` in
         the input dtype, padded to the tile layout (``pad_layout``), for a backward pass.
+      backend: the states walk's kernel (see :func:`walk_backend`; the output kernel is Triton).
     Returns:
       ``(o [B, L, H, V] out_dtype, state [B, H, K, V] float32[, h])``.
     """
@@ -294,8 +349,8 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     g = log_decay.astype(jnp.float32)
     s0 = pad_state(initial_state, kp, vp)
     h, state = chunk_states(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
-                            precision=precision, interpret=interpret,
-                            splits=splits)
+                            precision=precision, interpret=interpret, splits=splits,
+                            backend=backend)
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
     o = pl.pallas_call(

@@ -3,8 +3,12 @@
 CPU (default): the kernel runs in the Mosaic GPU interpreter (``plgpu.InterpretGPUParams``).
 GPU (``LION_TEST_GPU=1``, compute capability >= 9.0): compiled with Mosaic GPU, and also
 compared with the Triton states kernel (``two_pass.chunk_states``). Errors are
-``||a - b|| / ||b||`` against a float64 walk over the same rounded ``k * w``.
+``||a - b|| / ||b||`` against a float64 walk over the same rounded ``k * w`` (h, final state)
+or, for the normaliser z (``with_z``), over the exact ``k * w * u`` (the kernels sum it in
+float32 without rounding, except with ``scale_in_kernel=False``).
 """
+
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +24,13 @@ if ON_GPU and float(getattr(jax.devices()[0], "compute_capability", "0")) < 9.0:
     pytest.skip("Mosaic GPU kernels need compute capability >= 9.0", allow_module_level=True)
 INTERPRET = None if ON_GPU else plgpu.InterpretGPUParams()
 H_TOL, FINAL_TOL = 5e-3, 1e-3  # h is stored in bf16 / fp16; the end state in float32
+# hz, float32, against float64 of the exact k * w * u: "reduce" ~6e-8; "mma" (z from the keys
+# rounded to the input dtype) and scale_in_kernel=False <= 2e-3 for bf16, ~2e-4 for fp16
+# (H200 and CPU interpreter); "mma" against the Triton walk <= 2.2e-4.
+Z_TOL = 5e-3
+# the Triton walk whatever two_pass.chunk_states would pick by default
+TRITON = ({"backend": "triton"} if "backend" in inspect.signature(two_pass.chunk_states).parameters
+          else {})
 
 
 def rel_err(a, b):
@@ -80,12 +91,106 @@ def test_states_walk(rng, kp, vp, bv, dtype, reverse, with_s0, scale_in_kernel, 
     errs = {"h": rel_err(h, h_ref), "final": rel_err(final, final_ref)}
     if ON_GPU:
         h_tr, final_tr = two_pass.chunk_states(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
-                                               precision=None, interpret=False, splits=1)
+                                               precision=None, interpret=False, splits=1,
+                                               **TRITON)
         errs |= {"h vs triton": rel_err(h, h_tr), "final vs triton": rel_err(final, final_tr)}
     print(errs)
     assert errs["h"] <= H_TOL and errs["final"] <= FINAL_TOL, errs
     if ON_GPU:
         assert errs["h vs triton"] <= H_TOL and errs["final vs triton"] <= FINAL_TOL, errs
+
+
+def reference_z(k, g, u, chunk, reverse, splits):
+    """float64 walk of z from the exact ``k * w * u`` (u None: ones), every run from the z
+    entering it: ``hz [B, H, N, Kp]``."""
+    w, d = two_pass.decay_factors(g, chunk, reverse=reverse)
+    kw = np.asarray(k, np.float64) * np.swapaxes(np.asarray(w, np.float64), 1, 2)[..., None]
+    if u is not None:
+        kw = kw * np.asarray(u, np.float64)[..., None]
+    d = np.asarray(d, np.float64)
+    B, L, H, kp = kw.shape
+    N = L // chunk
+    upd = kw.reshape(B, N, chunk, H, kp).sum(axis=2)  # [B, N, H, Kp]
+    z = np.zeros((B, H, kp))
+    hz = np.zeros((B, H, N, kp))
+    for n in (reversed(range(N)) if reverse else range(N)):
+        hz[:, :, n] = z
+        z = d[:, :, n, None] * z + upd[:, n]
+    return hz
+
+
+# (kp, vp, bv, dtype, reverse, weighted, splits, with_s0, group, scale_in_kernel, z_method)
+Z_CASES_CPU = [
+    (64, 64, 64, jnp.bfloat16, False, False, 1, False, 1, True, None),
+    (64, 64, 64, jnp.bfloat16, True, True, 2, True, 1, True, None),
+    (64, 128, 64, jnp.bfloat16, False, True, 2, False, 2, True, None),
+    (128, 64, 64, jnp.bfloat16, True, False, 1, True, 2, True, None),
+    (64, 64, 64, jnp.float16, False, True, 1, True, 1, False, None),  # "reduce"
+    (64, 64, 64, jnp.bfloat16, True, True, 1, False, 2, True, "reduce"),
+]
+Z_SHAPES_GPU = [((64, 64, 64), jnp.bfloat16), ((128, 64, 64), jnp.bfloat16),
+                ((128, 128, 128), jnp.bfloat16), ((64, 128, 64), jnp.bfloat16),
+                ((64, 64, 64), jnp.float16)]
+Z_CASES_GPU = [(*shape, dtype, reverse, weighted, splits, with_s0, group, sik, method)
+               for shape, dtype in Z_SHAPES_GPU
+               for reverse in (False, True) for weighted in (False, True)
+               for method, runs in [(None, [(1, 1, False, True), (4, 1, True, True),
+                                            (2, 2, False, True), (1, 1, True, False)]),
+                                    ("reduce", [(1, 1, False, True), (2, 2, True, True)])]
+               for splits, group, with_s0, sik in runs]
+
+
+@pytest.mark.parametrize(
+    "kp,vp,bv,dtype,reverse,weighted,splits,with_s0,group,scale_in_kernel,z_method",
+    Z_CASES_GPU if ON_GPU else Z_CASES_CPU)
+def test_states_walk_z(rng, kp, vp, bv, dtype, reverse, weighted, splits, with_s0, group,
+                       scale_in_kernel, z_method):
+    """with_z: z of ones or of random float32 weights u (both signs, magnitudes 1e-3 to 1e3);
+    z_method None: "mma" (z from the rounded k * w) but "reduce" for fp16 with weights."""
+    B, L, H, chunk = (2, 1024, 3, 64) if ON_GPU else (1, 256, 1, 64)
+    k, v, g, s0 = make_inputs(rng, B, L, H, kp, vp, dtype, with_s0)
+    u = None
+    if weighted:
+        mag = np.exp(rng.uniform(np.log(1e-3), np.log(1e3), (B, L, H)))
+        u = jnp.asarray(rng.choice([-1.0, 1.0], (B, L, H)) * mag, jnp.float32)
+    h, hz, final = chunk_states_mosaic(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
+                                       splits=splits, group=group,
+                                       scale_in_kernel=scale_in_kernel, with_z=True,
+                                       z_weights=u, z_method=z_method, interpret=INTERPRET)
+    N, nvb = L // chunk, vp // bv
+    assert h.shape == (B, H, N, kp, vp) and h.dtype == dtype
+    assert hz.shape == (B, H, nvb, N, kp) and hz.dtype == jnp.float32
+    assert final.shape == (B, H, kp, vp) and final.dtype == jnp.float32
+    h_ref, final_ref = reference(k, v, g, s0, chunk, reverse)
+    hz_ref = reference_z(k, g, u, chunk, reverse, splits)
+    errs = {"h": rel_err(h, h_ref), "final": rel_err(final, final_ref),
+            "hz": max(rel_err(hz[:, :, j], hz_ref) for j in range(nvb))}
+    if ON_GPU:
+        h_tr, hz_tr, final_tr = two_pass.chunk_states(
+            k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse, precision=None, interpret=False,
+            splits=splits, with_z=True, z_weights=u, **TRITON)
+        errs |= {"h vs triton": rel_err(h, h_tr), "final vs triton": rel_err(final, final_tr),
+                 "hz vs triton": rel_err(hz, hz_tr), "triton hz": rel_err(hz_tr[:, :, 0], hz_ref)}
+    print(errs)
+    assert errs["h"] <= H_TOL and errs["final"] <= FINAL_TOL and errs["hz"] <= Z_TOL, errs
+    if ON_GPU:
+        assert (errs["h vs triton"] <= H_TOL and errs["final vs triton"] <= FINAL_TOL
+                and errs["hz vs triton"] <= Z_TOL), errs
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_more_chunks_than_one_copy_moves(rng, reverse):
+    """N > 256 chunks (a TMA copy moves at most 256 elements along a dimension): the decay
+    factors d go to shared memory as rows of ``D_ROW``."""
+    B, L, H, chunk = 1, 300 * 64, 1, 64
+    k, v, g, s0 = make_inputs(rng, B, L, H, 64, 64, jnp.bfloat16, True)
+    g = g * 1e-3  # mild decay: the state carries across many chunks
+    h, final = chunk_states_mosaic(k, v, g, s0, chunk=chunk, bv=64, reverse=reverse,
+                                   interpret=INTERPRET)
+    h_ref, final_ref = reference(k, v, g, s0, chunk, reverse)
+    errs = {"h": rel_err(h, h_ref), "final": rel_err(final, final_ref)}
+    print(errs)
+    assert errs["h"] <= H_TOL and errs["final"] <= FINAL_TOL, errs
 
 
 def test_supported_rejects():
