@@ -36,7 +36,8 @@ bidirectional kernel with the normaliser in the same pass and its backward anoth
 backward, three fused bidirectional scans for LION's). ``"sequential"``: every scan is
 ``chunk_scan`` (one program per (b, h, V-block) walking the chunks), LION as a forward plus a
 reverse scan with the normaliser as a ones column of V. Per-feature decay always uses the
-chunk-parallel form of ``per_feature.py``.
+chunk-parallel form of ``per_feature.py``. ``backend`` picks the two-pass states walks' kernel:
+Mosaic GPU on Hopper where it applies (``mosaic_states.py``), else Triton.
 """
 
 import functools

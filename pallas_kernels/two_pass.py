@@ -21,7 +21,9 @@ when that is at most twice the size of q or v (``linear_attention.keep_states``)
 backward need not walk the chunks again; otherwise it recomputes the states. Decay
 exponents are chunk-local and summed directly (``decay_factors``, ``chunk_decays``).
 :func:`chunk_states` is shared with the fused kernels (``bidirectional.py``,
-``causal_backward.py``).
+``causal_backward.py``). It runs the Triton states kernel below or, on Hopper GPUs, the Mosaic
+GPU walk of ``mosaic_states.py`` (same results; :func:`walk_backend` picks, ``backend=``
+forces one); the output kernels are Triton-lowered either way.
 """
 
 import functools
