@@ -117,9 +117,9 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     Inputs: k ``[B, L, H, Kp]`` (already times w when w_ref is None), v ``[B, L, H, Vp]``,
     w ``[B, H, L]`` float32 or None, d ``[B, H, Np / D_ROW, D_ROW]`` (zero-padded), u
     ``[B, H, L]`` float32 z weights or None (ones), s0 ``[B, H, R, Kp, Vp]`` or None, z0
-    ``[B, H, R, Kp]`` or None; outputs: h ``[B, H, N, Kp, Vp]`` (when ``store``), hz ``[B, H, V-blocks, N, Kp]`` (``store`` and
-    ``with_z``), ends ``[B, H, R, Kp, Vp]``, zends ``[B, H, V-blocks, R, Kp]`` (``with_z``);
-    scratch: d_smem ``[Np / D_ROW, D_ROW]`` float32 and its barrier. The s0 / end-state
+    ``[B, H, R, Kp]`` or None; outputs: h ``[B, H, N, Kp, Vp]`` (when ``store``), hz
+    ``[B, H, V-blocks, N, Kp]`` (``store`` and ``with_z``), ends ``[B, H, R, Kp, Vp]``,
+    zends ``[B, H, V-blocks, R, Kp]`` (``with_z``); scratch: d_smem ``[Np / D_ROW, D_ROW]`` float32 and its barrier. The s0 / end-state
     buffers, the h (and z) buffers and the pipeline's buffers are scoped one after the other
     (their shared memory is reused).
 

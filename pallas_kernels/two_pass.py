@@ -217,7 +217,8 @@ def walk_backend(k, v, *, chunk, bv, backend, interpret, with_z=False):
 
     ``backend`` None picks Mosaic GPU when compiling for a Hopper GPU and its walk takes the
     inputs (16-bit, ``Kp`` and ``bv`` multiples of 64, chunk 64..256: ``mosaic_states.supported``)
-    and, with z, the state has at most ``MOSAIC_MAX_Z_STATE`` entries, else Triton; ``"mosaic"`` raises a ValueError with the reason when its walk cannot take them;
+    and, with z, the state has at most ``MOSAIC_MAX_Z_STATE`` entries, else Triton;
+    ``"mosaic"`` raises a ValueError with the reason when its walk cannot take them;
     ``"triton"`` is always Triton. ``interpret`` runs the chosen kernel in its interpreter.
     """
     if backend == "triton":
