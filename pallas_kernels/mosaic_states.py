@@ -119,9 +119,9 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     ``[B, H, L]`` float32 z weights or None (ones), s0 ``[B, H, R, Kp, Vp]`` or None, z0
     ``[B, H, R, Kp]`` or None; outputs: h ``[B, H, N, Kp, Vp]`` (when ``store``), hz
     ``[B, H, V-blocks, N, Kp]`` (``store`` and ``with_z``), ends ``[B, H, R, Kp, Vp]``,
-    zends ``[B, H, V-blocks, R, Kp]`` (``with_z``); scratch: d_smem ``[Np / D_ROW, D_ROW]`` float32 and its barrier. The s0 / end-state
-    buffers, the h (and z) buffers and the pipeline's buffers are scoped one after the other
-    (their shared memory is reused).
+    zends ``[B, H, V-blocks, R, Kp]`` (``with_z``); scratch: d_smem ``[Np / D_ROW, D_ROW]``
+    float32 and its barrier. The s0 / end-state buffers, the h (and z) buffers and the
+    pipeline's buffers are scoped one after the other (their shared memory is reused).
 
     with_z: ``z [Kp]`` float32 in registers, per chunk ``z = d[n] z + sum_rows(k * w * u)``,
     the row sums by ``z_method`` (see :func:`chunk_states_mosaic`): "mma" one more wgmma per
