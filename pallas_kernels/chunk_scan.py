@@ -235,3 +235,38 @@ def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=
         name="chunk_scan_reverse" if reverse else "chunk_scan",
     )(*args)
     return o[..., :V], state[:, :, :K, :V]
+
+
+def decay_factors(g, chunk, *, reverse):
+    """Per-token key factors and per-chunk decay factors of the states kernel, float32.
+
+    ``g [B, L, H]`` log-decays -> ``(w [B, H, L], d [B, H, N])``: forward
+    ``w_j = exp(sum_{s > j} a_s)`` (to the chunk end), reverse ``w_j = exp(sum_{s <= j} a_s)``
+    (from the chunk start), ``d_n = exp(sum of chunk n)``; every exponent a direct sum over its
+    own segment (cumulative sums within one chunk, no differences), so exact to rounding.
+    """
+    B, L, H = g.shape
+    a = jnp.swapaxes(g, 1, 2).reshape(B, H, L // chunk, chunk)
+    if reverse:
+        expo = jnp.cumsum(a, axis=-1)
+    else:  # exclusive reverse cumsum: sum over s > j
+        after = reverse_cumsum(a[..., 1:], axis=-1)
+        expo = jnp.concatenate([after, jnp.zeros_like(a[..., :1])], axis=-1)
+    return jnp.exp(expo).reshape(B, H, L), jnp.exp(jnp.sum(a, axis=-1))
+
+
+def entering_states(ends, d, start, *, reverse):
+    """The state entering each run, from each run's end state when walked from zero.
+
+    ``ends [B, H, R, ...]`` (R runs of equal length), ``d [B, H, N]`` the chunk decay factors,
+    ``start`` None (zero) or ``[B, H, ...]`` the state before the first run scanned; returns
+    ``[B, H, R, ...]``: ``R`` steps of ``S = (run decay) S + end`` in the scan's direction."""
+    B, H, splits = ends.shape[:3]
+    run_decay = jnp.prod(d.reshape(B, H, splits, -1), axis=-1)
+    run_decay = run_decay.reshape(B, H, splits, *[1] * (ends.ndim - 3))
+    state = jnp.zeros_like(ends[:, :, 0]) if start is None else start
+    states = [None] * splits
+    for r in reversed(range(splits)) if reverse else range(splits):
+        states[r] = state
+        state = run_decay[:, :, r] * state + ends[:, :, r]
+    return jnp.stack(states, axis=2)

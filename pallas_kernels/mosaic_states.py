@@ -5,7 +5,7 @@ Same math and results as ``two_pass.chunk_states`` (with_z too): one program per
 
     h[n] = S;   S = d[n] S + kd_n^T v_n
 
-with ``kd = k * w`` (the per-token key factors of ``two_pass.decay_factors``, products in
+with ``kd = k * w`` (the per-token key factors of ``chunk_scan.decay_factors``, products in
 float32 rounded to the input dtype, as the Triton kernel rounds them), ``kd_n, v_n`` the
 ``C x Kp`` and ``C x BV`` rows of chunk n and ``d[n]`` the chunk's decay factor.
 
@@ -45,7 +45,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.two_pass import decay_factors, entering_states
+from pallas_kernels.chunk_scan import decay_factors, entering_states
 
 # Default pipeline depth: as many steps as hold this many bytes of k, v and w (at least 2, at
 # most what fits): 6 steps for a 64 x 64 state, 4 for 128 x 64, 3 for 128 x 128. On an H100 at
@@ -66,7 +66,7 @@ def supported(k, v, chunk, bv):
     """None when :func:`chunk_states_mosaic` handles these (padded) inputs, else the reason."""
     if k.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != k.dtype:
         return (f"the Mosaic states kernel takes bf16 or fp16 k and v (got {k.dtype}, "
-                f"{v.dtype}); use the Triton path (two_pass.chunk_states)")
+                f"{v.dtype})")
     kp, vp, L = k.shape[-1], v.shape[-1], k.shape[1]
     if kp % 64 or bv % 64 or vp % bv or bv > 256:
         return (f"the Mosaic states kernel needs Kp and BV multiples of 64, BV <= 256 dividing "
@@ -319,7 +319,7 @@ def walk_states(k, v, w, d, s0, *, chunk, bv, reverse, splits=1, store=True, sta
     Args:
       k: ``[B, L, H, Kp]``, v: ``[B, L, H, Vp]``; w: ``[B, H, L]`` float32 key factors, or None
         when k is already multiplied by them; d: ``[B, H, N]`` float32 chunk decay factors (w
-        and d as ``two_pass.decay_factors`` returns them); s0: None or ``[B, H, splits, Kp, Vp]``
+        and d as ``chunk_scan.decay_factors`` returns them); s0: None or ``[B, H, splits, Kp, Vp]``
         float32, the state entering each run. Others as :func:`chunk_states_mosaic`.
       store: also return the state entering every chunk.
       with_z: also walk ``z``; u: None (ones) or ``[B, H, L]`` float32 z weights; z0: None or

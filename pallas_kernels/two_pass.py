@@ -19,7 +19,7 @@ are ``splits`` times shorter than one walk over all chunks.
 ``h [B, H, N, Kp, Vp]`` has ``L Kp Vp / C`` entries: the custom VJPs keep it as a residual
 when that is at most twice the size of q or v (``linear_attention.keep_states``), so the
 backward need not walk the chunks again; otherwise it recomputes the states. Decay
-exponents are chunk-local and summed directly (``decay_factors``, ``chunk_decays``).
+exponents are chunk-local and summed directly (``chunk_scan.decay_factors``).
 :func:`chunk_states` is shared with the fused kernels (``bidirectional.py``,
 ``causal_backward.py``). It runs the Triton states kernel below or, on Hopper GPUs, the Mosaic
 GPU walk of ``mosaic_states.py`` (same results; :func:`walk_backend` picks, ``backend=``
@@ -34,8 +34,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, pad_layout, pad_state,
-                                       reverse_cumsum)
+from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, decay_factors,
+                                       entering_states, pad_layout, pad_state)
+from pallas_kernels.mosaic_states import chunk_states_mosaic
+from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 
 # Warps per program of the states kernel (a [Kp, BV] state, one small matmul per step): 4 was
 # faster than 8 at D = 64 and 128 on an H100 (docs/benchmarks.md).
@@ -164,45 +166,10 @@ def _states_call(k, v, w, d, u, s0, z0, *, chunk, splits, bv, reverse, store, wi
     )(k, v, w, d, u, s0, z0)
 
 
-def decay_factors(g, chunk, *, reverse):
-    """Per-token key factors and per-chunk decay factors of the states kernel, float32.
-
-    ``g [B, L, H]`` log-decays -> ``(w [B, H, L], d [B, H, N])``: forward
-    ``w_j = exp(sum_{s > j} a_s)`` (to the chunk end), reverse ``w_j = exp(sum_{s <= j} a_s)``
-    (from the chunk start), ``d_n = exp(sum of chunk n)``; every exponent a direct sum over its
-    own segment (cumulative sums within one chunk, no differences), so exact to rounding.
-    """
-    B, L, H = g.shape
-    a = jnp.swapaxes(g, 1, 2).reshape(B, H, L // chunk, chunk)
-    if reverse:
-        expo = jnp.cumsum(a, axis=-1)
-    else:  # exclusive reverse cumsum: sum over s > j
-        after = reverse_cumsum(a[..., 1:], axis=-1)
-        expo = jnp.concatenate([after, jnp.zeros_like(a[..., :1])], axis=-1)
-    return jnp.exp(expo).reshape(B, H, L), jnp.exp(jnp.sum(a, axis=-1))
-
-
 def states_stages(kp, bv):
     """Triton pipelining depth of the states kernel: 3 for states larger than 64 x 64 (a
     128 x 64 walk took 0.56 ms with 3 against 0.68 with 2 on an H100, L = 16K), else 2."""
     return 3 if kp * bv > 64 * 64 else 2
-
-
-def entering_states(ends, d, start, *, reverse):
-    """The state entering each run, from each run's end state when walked from zero.
-
-    ``ends [B, H, R, ...]`` (R runs of equal length), ``d [B, H, N]`` the chunk decay factors,
-    ``start`` None (zero) or ``[B, H, ...]`` the state before the first run scanned; returns
-    ``[B, H, R, ...]``: ``R`` steps of ``S = (run decay) S + end`` in the scan's direction."""
-    B, H, splits = ends.shape[:3]
-    run_decay = jnp.prod(d.reshape(B, H, splits, -1), axis=-1)
-    run_decay = run_decay.reshape(B, H, splits, *[1] * (ends.ndim - 3))
-    state = jnp.zeros_like(ends[:, :, 0]) if start is None else start
-    states = [None] * splits
-    for r in reversed(range(splits)) if reverse else range(splits):
-        states[r] = state
-        state = run_decay[:, :, r] * state + ends[:, :, r]
-    return jnp.stack(states, axis=2)
 
 
 def hopper():
@@ -225,11 +192,10 @@ def walk_backend(k, v, *, chunk, bv, backend, interpret, with_z=False):
         return backend
     if backend not in (None, "mosaic"):
         raise ValueError(f"backend must be None or one of {BACKENDS}; got {backend!r}")
-    from pallas_kernels import mosaic_states  # a call-time import: it imports this module
-    reason = mosaic_states.supported(k, v, chunk, bv)
+    reason = mosaic_walk_reason(k, v, chunk, bv)
     if backend == "mosaic":
         if reason is not None:
-            raise ValueError(f"backend='mosaic': {reason}, or pass backend=None / 'triton'")
+            raise ValueError(f"backend='mosaic': {reason}; use backend=None or 'triton'")
         return backend
     if with_z and k.shape[-1] * bv > MOSAIC_MAX_Z_STATE:
         return "triton"
@@ -265,7 +231,6 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
     if N % splits:
         raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
     if backend == "mosaic":
-        from pallas_kernels.mosaic_states import chunk_states_mosaic
         return chunk_states_mosaic(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
                                    splits=splits, with_z=with_z, z_weights=z_weights,
                                    interpret=plgpu.InterpretGPUParams() if interpret else None)

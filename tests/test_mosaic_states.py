@@ -8,7 +8,6 @@ or, for the normaliser z (``with_z``), over the exact ``k * w * u`` (the kernels
 float32 without rounding, except with ``scale_in_kernel=False``).
 """
 
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import two_pass
+from pallas_kernels import chunk_scan, two_pass
 from pallas_kernels.mosaic_states import chunk_states_mosaic, supported
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -28,9 +27,8 @@ H_TOL, FINAL_TOL = 5e-3, 1e-3  # h is stored in bf16 / fp16; the end state in fl
 # rounded to the input dtype) and scale_in_kernel=False <= 2e-3 for bf16, ~2e-4 for fp16
 # (H200 and CPU interpreter); "mma" against the Triton walk <= 2.2e-4.
 Z_TOL = 5e-3
-# the Triton walk whatever two_pass.chunk_states would pick by default
-TRITON = ({"backend": "triton"} if "backend" in inspect.signature(two_pass.chunk_states).parameters
-          else {})
+# the Triton walk (two_pass.chunk_states would pick Mosaic on Hopper)
+TRITON = {"backend": "triton"}
 
 
 def rel_err(a, b):
@@ -41,7 +39,7 @@ def rel_err(a, b):
 
 def reference(k, v, g, s0, chunk, reverse):
     """float64 walk: ``h [B, H, N, Kp, Vp]``, final ``[B, H, Kp, Vp]``."""
-    w, d = two_pass.decay_factors(g, chunk, reverse=reverse)
+    w, d = chunk_scan.decay_factors(g, chunk, reverse=reverse)
     kd = (k.astype(jnp.float32) * jnp.swapaxes(w, 1, 2)[..., None]).astype(k.dtype)
     kd, v, d = (np.asarray(x, np.float64) for x in (kd, v, d))
     B, L, H, kp = kd.shape
@@ -103,7 +101,7 @@ def test_states_walk(rng, kp, vp, bv, dtype, reverse, with_s0, scale_in_kernel, 
 def reference_z(k, g, u, chunk, reverse, splits):
     """float64 walk of z from the exact ``k * w * u`` (u None: ones), every run from the z
     entering it: ``hz [B, H, N, Kp]``."""
-    w, d = two_pass.decay_factors(g, chunk, reverse=reverse)
+    w, d = chunk_scan.decay_factors(g, chunk, reverse=reverse)
     kw = np.asarray(k, np.float64) * np.swapaxes(np.asarray(w, np.float64), 1, 2)[..., None]
     if u is not None:
         kw = kw * np.asarray(u, np.float64)[..., None]
