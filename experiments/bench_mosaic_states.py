@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import chunk_scan, mosaic_states, two_pass
+from pallas_kernels import mosaic_states, two_pass
+from pallas_kernels.chunk_scan import decay_factors
 
 HBM_BYTES_PER_S = 3.35e12  # H100 SXM
 # the Triton walk (two_pass.chunk_states would pick Mosaic on Hopper)
@@ -193,7 +194,7 @@ def main():
                 bench(f"mosaic_g{group}_s{stages}",
                       functools.partial(mosaic, group=group, stages=stages), k, v, g)
             bench("mosaic_xw", functools.partial(mosaic, scale_in_kernel=False), k, v, g)
-            w, d = chunk_scan.decay_factors(g, chunk, reverse=False)
+            w, d = decay_factors(g, chunk, reverse=False)
             kd = (k.astype(jnp.float32) * jnp.swapaxes(w, 1, 2)[..., None]).astype(k.dtype)
             bench("mosaic_kernel", lambda kd, v, d, bv=bv: mosaic_states.walk_states(
                 kd, v, None, d, None, chunk=chunk, bv=bv, reverse=False), kd, v, d)

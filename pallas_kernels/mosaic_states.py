@@ -66,7 +66,7 @@ def supported(k, v, chunk, bv):
     """None when :func:`chunk_states_mosaic` handles these (padded) inputs, else the reason."""
     if k.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != k.dtype:
         return (f"the Mosaic states kernel takes bf16 or fp16 k and v (got {k.dtype}, "
-                f"{v.dtype})")
+                f"{v.dtype}); use the Triton path (two_pass.chunk_states)")
     kp, vp, L = k.shape[-1], v.shape[-1], k.shape[1]
     if kp % 64 or bv % 64 or vp % bv or bv > 256:
         return (f"the Mosaic states kernel needs Kp and BV multiples of 64, BV <= 256 dividing "

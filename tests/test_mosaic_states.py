@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import chunk_scan, two_pass
+from pallas_kernels import two_pass
+from pallas_kernels.chunk_scan import decay_factors
 from pallas_kernels.mosaic_states import chunk_states_mosaic, supported
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -39,7 +40,7 @@ def rel_err(a, b):
 
 def reference(k, v, g, s0, chunk, reverse):
     """float64 walk: ``h [B, H, N, Kp, Vp]``, final ``[B, H, Kp, Vp]``."""
-    w, d = chunk_scan.decay_factors(g, chunk, reverse=reverse)
+    w, d = decay_factors(g, chunk, reverse=reverse)
     kd = (k.astype(jnp.float32) * jnp.swapaxes(w, 1, 2)[..., None]).astype(k.dtype)
     kd, v, d = (np.asarray(x, np.float64) for x in (kd, v, d))
     B, L, H, kp = kd.shape
@@ -101,7 +102,7 @@ def test_states_walk(rng, kp, vp, bv, dtype, reverse, with_s0, scale_in_kernel, 
 def reference_z(k, g, u, chunk, reverse, splits):
     """float64 walk of z from the exact ``k * w * u`` (u None: ones), every run from the z
     entering it: ``hz [B, H, N, Kp]``."""
-    w, d = chunk_scan.decay_factors(g, chunk, reverse=reverse)
+    w, d = decay_factors(g, chunk, reverse=reverse)
     kw = np.asarray(k, np.float64) * np.swapaxes(np.asarray(w, np.float64), 1, 2)[..., None]
     if u is not None:
         kw = kw * np.asarray(u, np.float64)[..., None]
