@@ -239,18 +239,23 @@ def sweep(B, L, H, dims, reps, rng):
     kernels, with and without the forward's states kept) and a few launch settings, at one
     shape (bf16, ms)."""
     from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
+    from pallas_kernels.chunk_scan import BOTH
     from pallas_kernels.causal_backward import causal_backward
     from pallas_kernels.two_pass import chunk_scan_two_pass, chunk_states
     print(f"sweep: two-pass stages, B={B} L={L} H={H} bf16 (ms)")
-    walk = functools.partial(chunk_states, s0=None, chunk=64, reverse=False, precision=None,
-                             interpret=False)
+    walk = functools.partial(chunk_states, s0=None, chunk=64, precision=None, interpret=False)
     stages = {  # label: fn(q, k, v, dy, g, state, den, causal states, LION states)
-        "states walk (bv=64, 2 stages)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64,
-                                                                         num_stages=2),
-        "states walk (bv=64, 3 stages)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64,
-                                                                         num_stages=3),
+        "states walk (bv=64)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64, reverse=False),
         "states walk with z (bv=64)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64,
-                                                                      with_z=True),
+                                                                      with_z=True, reverse=False),
+        "states walks with z, both ways, two launches": lambda q, k, v, dy, g, *_: [
+            walk(k, v, g, bv=64, with_z=True, reverse=r) for r in BOTH],
+        "states walks with z, both ways, one launch": lambda q, k, v, dy, g, *_: walk(
+            k, v, g, bv=64, with_z=True, reverse=BOTH),
+        "states walks with z, both ways, two Triton launches": lambda q, k, v, dy, g, *_: [
+            walk(k, v, g, bv=64, with_z=True, reverse=r, backend="triton") for r in BOTH],
+        "states walks with z, both ways, one Triton launch": lambda q, k, v, dy, g, *_: walk(
+            k, v, g, bv=64, with_z=True, reverse=BOTH, backend="triton"),
         "causal forward": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
             q, k, v, g, out_dtype=jnp.bfloat16),
         "causal backward, recomputed": lambda q, k, v, dy, g, s, *_: causal_backward(
@@ -372,7 +377,7 @@ def main():
     parser.add_argument("--fla-autotune-configs", type=int, default=0, metavar="N",
                         help="keep only the first N configs of each Triton autotuner (0: all)")
     parser.add_argument("--sweep", type=int, default=0, metavar="L",
-                        help="first time the two-pass kernels' stages and settings at this L")
+                        help="only time the two-pass kernels' stages and settings at this L")
     parser.add_argument("--ops", default="", metavar="PREFIXES",
                         help="comma-separated op-name prefixes to time (default: all)")
     args = parser.parse_args()
@@ -401,6 +406,7 @@ def main():
         print(f"cross-check: our causal forward vs FLA chunk_simple_gla(g): rel RMS {err:.2e}")
     if args.sweep:
         sweep(args.batch, args.sweep, args.heads, dims, reps, rng)
+        return
     header = (f"Device {device}, jax {jax.__version__}, B={args.batch}, H={args.heads}, bf16, "
               f"median of {reps}; FLA cross-check rel RMS {err}; FLA autotune configs capped "
               f"at {args.fla_autotune_configs or 'no cap'}")

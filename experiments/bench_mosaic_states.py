@@ -196,8 +196,9 @@ def main():
             bench("mosaic_xw", functools.partial(mosaic, scale_in_kernel=False), k, v, g)
             w, d = decay_factors(g, chunk, reverse=False)
             kd = (k.astype(jnp.float32) * jnp.swapaxes(w, 1, 2)[..., None]).astype(k.dtype)
-            bench("mosaic_kernel", lambda kd, v, d, bv=bv: mosaic_states.walk_states(
-                kd, v, None, d, None, chunk=chunk, bv=bv, reverse=False), kd, v, d)
+            bench("mosaic_kernel", lambda kd, v, d, bv=bv: tuple(
+                x[0] for x in mosaic_states.walk_states(kd, v, None, d[None], None,
+                                                        chunk=chunk, bv=bv)), kd, v, d)
         bench.report(table, f"{B:>2} {H:>3} {L:>6} {kp:>4} {bv:>4}",
                      floor_ms(B, L, H, kp, bv, chunk, 2))
     print("\n" + "\n".join(table))

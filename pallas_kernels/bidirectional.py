@@ -6,9 +6,10 @@ computes
     num_i = sum_j (q_i . k_j) M_ij v_j,     den_i = sum_j (q_i . k_j) M_ij,
     o_i = num_i / (den_i + eps)   (normalize)   or   num_i
 
-in three launches (plus two short ones when the states kernel splits the chunks, see
-``two_pass.py``): the states kernel forward (``hf[n]``, the state of every chunk before n) and in
-reverse (``hb[n]``, of every chunk after n), then one output kernel per chunk:
+in two launches (plus two short ones when the states kernel splits the chunks, see
+``two_pass.py``): the states kernel walking forward (``hf[n]``, the state of every chunk before
+n) and in reverse (``hb[n]``, of every chunk after n) in one launch (``reverse=BOTH``: twice the
+programs, the two walks side by side), then one output kernel per chunk:
 
     S_n   = (Q K^T) * exp(seg + seg^T)            [C, C], seg[i, j] = sum_{j < s <= i} a_s
     num_n = S_n V + (Q * exp(head)) hf[n] + (Q * exp(tail)) hb[n]
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _pad_axis, chunk_decays, pad_layout, reverse_cumsum
+from pallas_kernels.chunk_scan import BOTH, _pad_axis, chunk_decays, pad_layout, reverse_cumsum
 from pallas_kernels.two_pass import backward_layout, chunk_states
 
 
@@ -100,8 +101,8 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
       out_dtype: dtype of ``o`` (None: v.dtype).
       splits, backend: the states walks' runs and kernel (see ``two_pass.chunk_states``).
       return_states: also return the states of ``(k, v)`` for :func:`lion_backward`: the tuple
-        ``(hf, hb)`` (``[B, H, N, Kp, Vp]``, input dtype, tile layout) or, if normalize,
-        ``(hf, hb, zf, zb)`` (``[B, H, V-blocks, N, Kp]`` float32).
+        ``(h,)`` (``[2, B, H, N, Kp, Vp]``, forward then reverse, input dtype, tile layout)
+        or, if normalize, ``(h, z)`` (z ``[2, B, H, V-blocks, N, Kp]`` float32).
     Returns:
       ``o [B, L, H, V]``, then ``den [B, L, H]`` float32 if normalize, then ``r [B, L, H]``
       float32 if partner is given, then the states if return_states (a tuple when more than
@@ -113,27 +114,27 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
     q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps or 4,
                                                         num_stages)
     g = log_decay.astype(jnp.float32)
-    states = functools.partial(chunk_states, k, v, g, None, chunk=chunk, bv=bv,
-                               precision=precision, interpret=interpret, splits=splits,
-                               with_z=normalize, backend=backend)
-    forward, backward = states(reverse=False), states(reverse=True)  # (h, [z,] final)
-    hf, hb = forward[0], backward[0]
+    # both directions' states in one launch: (h [2, ...], [z [2, ...],] final)
+    states = chunk_states(k, v, g, None, chunk=chunk, bv=bv, reverse=BOTH, precision=precision,
+                          interpret=interpret, splits=splits, with_z=normalize,
+                          backend=backend)[:-1]
 
     N, nvb = L // chunk, vp // bv
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
     row_spec = pl.BlockSpec((None, None, chunk, None), lambda b, h, n, j: (b, j, n, h))
-    h_spec = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, n, j: (b, h, n, 0, j))
-    args = [q, k, v, g, hf, hb]
+    h_specs = [pl.BlockSpec((None, None, None, None, kp, bv),
+                            lambda b, h, n, j, e=e: (e, b, h, n, 0, j)) for e in (0, 1)]
+    args = [q, k, v, g, states[0], states[0]]
     in_specs = [qk_spec, qk_spec, v_spec,
-                pl.BlockSpec((None, chunk, None), lambda b, h, n, j: (b, n, h)), h_spec, h_spec]
+                pl.BlockSpec((None, chunk, None), lambda b, h, n, j: (b, n, h))] + h_specs
     out_specs = [v_spec]
     out_shape = [jax.ShapeDtypeStruct((B, L, H, vp), out_dtype)]
     row_shape = jax.ShapeDtypeStruct((B, nvb, L, H), jnp.float32)
     if normalize:
-        z_spec = pl.BlockSpec((None, None, None, None, kp), lambda b, h, n, j: (b, h, 0, n, 0))
-        args += [forward[1], backward[1]]
-        in_specs += [z_spec, z_spec]
+        args += [states[1], states[1]]
+        in_specs += [pl.BlockSpec((None, None, None, None, None, kp),
+                                  lambda b, h, n, j, e=e: (e, b, h, 0, n, 0)) for e in (0, 1)]
         out_specs.append(row_spec)
         out_shape.append(row_shape)
     if partner is not None:
@@ -153,7 +154,7 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
     if partner is not None:
         outs[-1] = jnp.sum(outs[-1], axis=1)
     if return_states:
-        outs.append((hf, hb) + ((forward[1], backward[1]) if normalize else ()))
+        outs.append(states)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -252,10 +253,11 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     ``dq_i = sum_j G_ij M_ij k_j``, ``dk_j = sum_i G_ij M_ij q_i``,
     ``dv_j = sum_i s_ij M_ij dnum_i`` and ``dA_t = q_t . (dq causal - anti-causal part)_t -
     k_t . (dk causal - anti-causal part)_t``. States of ``(k, v)`` with the z of ones (kept
-    from the forward pass, else two states launches), two states launches for ``(q, dnum)``
-    with the z weighted by dden (both directions), then one kernel per chunk reading every
-    input once (ten matmuls) or, for larger head dims, two (a dq kernel and a dk, dv kernel,
-    each recomputing the two C x C products: thirteen matmuls, fewer tiles held at once).
+    from the forward pass, else one states launch walking both ways), one launch for the
+    states of ``(q, dnum)`` with the z weighted by dden (both ways), then one kernel per chunk
+    reading every input once (ten matmuls) or, for larger head dims, two (a dq kernel and a
+    dk, dv kernel, each recomputing the two C x C products: thirteen matmuls, fewer tiles held
+    at once).
 
     Args:
       q, k: ``[B, L, H, K]``; v, dnum: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
@@ -275,33 +277,34 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     q, k, v, dn, g, kp, vp, precision, params, states = backward_layout(
         q, k, v, dnum, log_decay, max_dim=MAX_BACKWARD_DIM, chunk=chunk, interpret=interpret,
         num_warps=num_warps, num_stages=num_stages, splits=splits, backend=backend)
-    states = functools.partial(states, s0=None, with_z=normalize)
+    states = functools.partial(states, s0=None, with_z=normalize, reverse=BOTH)
     if kv_states is None:
-        kv_f, kv_b = states(k, v, reverse=False), states(k, v, reverse=True)
+        kv = states(k, v)[:-1]
     else:
-        shape = (B, H, L // chunk, kp, vp)
-        if kv_states[0].shape != shape or kv_states[1].shape != shape:
-            raise ValueError(f"kv_states must hold [B, H, N, Kp, Vp] = {shape} states; got "
-                             f"{[x.shape for x in kv_states]}")
-        kv_f, kv_b = kv_states[0::2], kv_states[1::2]  # (hf, zf), (hb, zb)
-    qd_f = states(q, dn, reverse=False, z_weights=dden)
-    qd_b = states(q, dn, reverse=True, z_weights=dden)
+        shape = (2, B, H, L // chunk, kp, vp)
+        if len(kv_states) != 1 + normalize or kv_states[0].shape != shape:
+            raise ValueError(f"kv_states must be (h[, z]) with h [2, B, H, N, Kp, Vp] = {shape}"
+                             f" (z when normalize); got {[x.shape for x in kv_states]}")
+        kv = kv_states
+    qd = states(q, dn, z_weights=dden)[:-1]  # the states of (q, dnum), both directions
 
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, vp), lambda b, h, n: (b, n, h, 0))
     row_spec = pl.BlockSpec((None, chunk, None), lambda b, h, n: (b, n, h))
-    h_spec = pl.BlockSpec((None, None, None, kp, vp), lambda b, h, n: (b, h, n, 0, 0))
-    z_spec = pl.BlockSpec((None, None, None, None, kp), lambda b, h, n: (b, h, 0, n, 0))
+    h_specs = [pl.BlockSpec((None, None, None, None, kp, vp),
+                            lambda b, h, n, e=e: (e, b, h, n, 0, 0)) for e in (0, 1)]
+    z_specs = [pl.BlockSpec((None, None, None, None, None, kp),
+                            lambda b, h, n, e=e: (e, b, h, 0, n, 0)) for e in (0, 1)]
     grad_shapes = {"dq": [(q.shape, qk_spec)], "dkv": [(k.shape, qk_spec), (v.shape, v_spec)]}
     grad_shapes["all"] = grad_shapes["dq"] + grad_shapes["dkv"]
 
-    def call(parts, ab, dab):
-        """``ab``/``dab``: the (k, v) / (q, dnum) states (h, z) in both directions, or ()."""
-        args = [q, k, v, dn, g] + [x[0] for x in ab + dab]
-        in_specs = [qk_spec, qk_spec, v_spec, v_spec, row_spec] + [h_spec] * len(ab + dab)
+    def call(parts, walks):
+        """``walks``: the (k, v) and / or (q, dnum) states ``(h[, z])``, both directions."""
+        args = [q, k, v, dn, g] + [w[0] for w in walks for _ in (0, 1)]
+        in_specs = [qk_spec, qk_spec, v_spec, v_spec, row_spec] + h_specs * len(walks)
         if normalize:
-            args += [dden.astype(jnp.float32)] + [x[1] for x in ab + dab]
-            in_specs += [row_spec] + [z_spec] * len(ab + dab)
+            args += [dden.astype(jnp.float32)] + [w[1] for w in walks for _ in (0, 1)]
+            in_specs += [row_spec] + z_specs * len(walks)
         shapes = grad_shapes[parts]
         return pl.pallas_call(
             functools.partial(_grads_kernel, normalize=normalize, precision=precision,
@@ -316,10 +319,10 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     if one_kernel is None:
         one_kernel = max(kp, vp) <= MAX_ONE_KERNEL_DIM
     if one_kernel:
-        dq, dk, dv, da = call("all", (kv_f, kv_b), (qd_f, qd_b))
+        dq, dk, dv, da = call("all", (kv, qd))
     else:
-        dq, da_q = call("dq", (kv_f, kv_b), ())
-        dk, dv, da_k = call("dkv", (), (qd_f, qd_b))
+        dq, da_q = call("dq", (kv,))
+        dk, dv, da_k = call("dkv", (qd,))
         da = da_q + da_k
     dlog_decay = reverse_cumsum(da)
     return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay

@@ -270,3 +270,59 @@ def entering_states(ends, d, start, *, reverse):
         states[r] = state
         state = run_decay[:, :, r] * state + ends[:, :, r]
     return jnp.stack(states, axis=2)
+
+
+# A states walk's ``reverse``: False, True, or BOTH, the two directions in one launch.
+BOTH = (False, True)
+
+
+def walk_directions(reverse):
+    """The directions a walk's ``reverse`` asks for: ``(reverse,)`` or ``BOTH``."""
+    if isinstance(reverse, tuple):
+        if reverse != BOTH:
+            raise ValueError(f"reverse must be a bool or {BOTH}; got {reverse}")
+        return reverse
+    return (bool(reverse),)
+
+
+def stacked_decay_factors(g, chunk, directions):
+    """:func:`decay_factors` of each direction, stacked: ``(w [D, B, H, L], d [D, B, H, N])``."""
+    w, d = zip(*(decay_factors(g, chunk, reverse=r) for r in directions))
+    return jnp.stack(w), jnp.stack(d)
+
+
+def walk_in_runs(walk, d, s0, *, reverse, splits, with_z):
+    """Runs a states walk in ``splits`` runs per direction and returns its results.
+
+    ``walk(s0, z0, store=)`` is one launch of a states kernel (Triton or Mosaic GPU) over every
+    direction and run, its results with a leading direction axis: ``[h, hz,] ends[, zends]``
+    (``ends [D, B, H, R, Kp, Vp]``, ``zends [D, B, H, V-blocks, R, Kp]``). With ``splits > 1`` a
+    first launch walks each run from zero keeping only its end state, :func:`entering_states`
+    gives the state entering each run, and the second launch walks the runs again from those.
+    ``d [D, B, H, N]``: the chunk decay factors; ``s0`` None or the state before the first
+    chunk scanned (``[B, H, Kp, Vp]``; ``[2, B, H, Kp, Vp]`` for ``BOTH``).
+
+    Returns ``(h, final)`` or with_z ``(h, hz, final)``, ``final`` the state after the last
+    chunk scanned, each with a leading axis of 2 for ``reverse=BOTH``, else without it.
+    """
+    directions = walk_directions(reverse)
+    if s0 is not None and len(directions) == 1:
+        s0 = s0[None]
+
+    def entering(ends, start):
+        return jnp.stack([entering_states(ends[i], d[i], None if start is None else start[i],
+                                          reverse=r) for i, r in enumerate(directions)])
+
+    z0 = None
+    if splits > 1:
+        ends, *zends = walk(None, None, store=False)
+        s0 = entering(ends, s0)
+        if with_z:
+            z0 = entering(zends[0][:, :, :, 0], None)
+    elif s0 is not None:
+        s0 = s0[:, :, :, None]
+    outs = walk(s0, z0, store=True)
+    ends = outs[2 if with_z else 1]
+    final = jnp.stack([ends[i, :, :, 0 if r else -1] for i, r in enumerate(directions)])
+    outs = (outs[0], outs[1], final) if with_z else (outs[0], final)
+    return outs if len(directions) == 2 else tuple(x[0] for x in outs)

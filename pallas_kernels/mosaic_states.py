@@ -45,7 +45,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import decay_factors, entering_states
+from pallas_kernels.chunk_scan import (BOTH, stacked_decay_factors, walk_directions,
+                                       walk_in_runs)
 
 # Default pipeline depth: as many steps as hold this many bytes of k, v and w (at least 2, at
 # most what fits): 6 steps for a 64 x 64 state, 4 for 128 x 64, 3 for 128 x 128. On an H100 at
@@ -110,17 +111,19 @@ def _smem_stages(chunk, group, kp, bv, itemsize, num_chunks, with_z=False, z_wei
 
 
 def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk, run, group,
-                 bv, reverse, store, stages, with_z, z_method):
-    """One (b, h, V-block j, run r) program: walks chunks ``r * run ... (r + 1) * run - 1``,
-    ``group`` chunks per pipeline step.
+                 bv, directions, store, stages, with_z, z_method):
+    """One (direction e, b, h, V-block j, run r) program: walks chunks
+    ``r * run ... (r + 1) * run - 1`` in the order of ``directions[e]``, ``group`` chunks per
+    pipeline step.
 
     Inputs: k ``[B, L, H, Kp]`` (already times w when w_ref is None), v ``[B, L, H, Vp]``,
-    w ``[B, H, L]`` float32 or None, d ``[B, H, Np / D_ROW, D_ROW]`` (zero-padded), u
-    ``[B, H, L]`` float32 z weights or None (ones), s0 ``[B, H, R, Kp, Vp]`` or None, z0
-    ``[B, H, R, Kp]`` or None; outputs: h ``[B, H, N, Kp, Vp]`` (when ``store``), hz
-    ``[B, H, V-blocks, N, Kp]`` (``store`` and ``with_z``), ends ``[B, H, R, Kp, Vp]``,
-    zends ``[B, H, V-blocks, R, Kp]`` (``with_z``); scratch: d_smem ``[Np / D_ROW, D_ROW]``
-    float32 and its barrier. The s0 / end-state buffers, the h (and z) buffers and the
+    w ``[D, B, H, L]`` float32 or None, d ``[D, B, H, Np / D_ROW, D_ROW]`` (zero-padded), u
+    ``[B, H, L]`` float32 z weights or None (ones), s0 ``[D, B, H, R, Kp, Vp]`` or None, z0
+    ``[D, B, H, R, Kp]`` or None; outputs: h ``[D, B, H, N, Kp, Vp]`` (when ``store``), hz
+    ``[D, B, H, V-blocks, N, Kp]`` (``store`` and ``with_z``), ends ``[D, B, H, R, Kp, Vp]``,
+    zends ``[D, B, H, V-blocks, R, Kp]`` (``with_z``); scratch: d_smem ``[Np / D_ROW, D_ROW]``
+    float32 and its barrier. ``D = len(directions)``: one direction (static) or ``BOTH``, the
+    direction then picked by e. The s0 / end-state buffers, the h (and z) buffers and the
     pipeline's buffers are scoped one after the other (their shared memory is reused).
 
     with_z: ``z [Kp]`` float32 in registers, per chunk ``z = d[n] z + sum_rows(k * w * u)``,
@@ -138,7 +141,7 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     end_ref = refs.pop(0)
     zend_ref = refs.pop(0) if with_z else None
     d_smem, bar = refs
-    b, hd, j, r = (lax.axis_index(a) for a in "bhjr")
+    e, b, hd, j, r = (lax.axis_index(a) for a in "ebhjr")
     cols = pl.ds(j * bv, bv)
     kp = k_ref.shape[-1]
     dtype = k_ref.dtype
@@ -147,12 +150,12 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     # z [Kp]: row sums of a [Kp, ZN] accumulator (mma) or column sums of a [C, Kp] tile
     z_layout = plgpu.Layout.WGMMA.reduce(1 if mma_z else 0)
 
-    plgpu.copy_gmem_to_smem(d_ref.at[b, hd], d_smem, bar.at[0])
+    plgpu.copy_gmem_to_smem(d_ref.at[e, b, hd], d_smem, bar.at[0])
     if s0_ref is None:
         state = plgpu.layout_cast(jnp.zeros((kp, bv), jnp.float32), plgpu.Layout.WGMMA)
     else:
         def load_s0(s_smem, s_bar):
-            plgpu.copy_gmem_to_smem(s0_ref.at[b, hd, r, :, cols], s_smem, s_bar.at[0])
+            plgpu.copy_gmem_to_smem(s0_ref.at[e, b, hd, r, :, cols], s_smem, s_bar.at[0])
             plgpu.barrier_wait(s_bar.at[0])
             return plgpu.load(s_smem, layout=plgpu.Layout.WGMMA)
 
@@ -162,7 +165,7 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
         z = plgpu.layout_cast(jnp.zeros((kp,), jnp.float32), z_layout)
     elif with_z:
         def load_z0(z_smem, z_bar):
-            plgpu.copy_gmem_to_smem(z0_ref.at[b, hd, r], z_smem, z_bar.at[0])
+            plgpu.copy_gmem_to_smem(z0_ref.at[e, b, hd, r], z_smem, z_bar.at[0])
             plgpu.barrier_wait(z_bar.at[0])
             return plgpu.load(z_smem, layout=z_layout)
 
@@ -171,7 +174,12 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     plgpu.barrier_wait(bar.at[0])
 
     steps = run // group
-    block_of = lambda i: r * steps + (steps - 1 - i if reverse else i)  # of `group` chunks
+    if len(directions) == 1:
+        reverse = directions[0]
+        block_of = lambda i: r * steps + (steps - 1 - i if reverse else i)  # of `group` chunks
+    else:  # BOTH (group 1)
+        block_of = lambda i: r * steps + jnp.where(e == 1, steps - 1 - i, i)
+        reverse = False
     order = list(reversed(range(group)) if reverse else range(group))  # chunks within a block
     rows = lambda g: pl.ds(g * chunk, chunk)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
@@ -267,11 +275,11 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
             if store:  # one bulk group per step, for the wait above
                 plgpu.commit_smem()
                 for g in range(group):
-                    plgpu.copy_smem_to_gmem(h_s.at[g], h_ref.at[b, hd, first + g, :, cols],
+                    plgpu.copy_smem_to_gmem(h_s.at[g], h_ref.at[e, b, hd, first + g, :, cols],
                                             commit_group=False)
                 if with_z:
                     plgpu.copy_smem_to_gmem(z_smem.at[slot],
-                                            hz_ref.at[b, hd, j, pl.ds(first, group)],
+                                            hz_ref.at[e, b, hd, j, pl.ds(first, group)],
                                             commit_group=False)
                 plgpu.commit_smem_to_gmem_group()
             return state, z
@@ -280,7 +288,8 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
         specs = [plgpu.BlockSpec((group * chunk, kp), block, transforms=_TILE16),
                  plgpu.BlockSpec((group * chunk, bv), block, transforms=_TILE16)]
         refs = [k_ref.at[b, :, hd, :], v_ref.at[b, :, hd, cols]]
-        for token_ref in (w_ref, u_ref):
+        for token_ref in (None if w_ref is None else w_ref.at[e],
+                          None if u_ref is None else u_ref):
             if token_ref is not None:
                 specs.append(plgpu.BlockSpec((group * chunk,), lambda i: (block_of(i),)))
                 refs.append(token_ref.at[b, hd])
@@ -304,32 +313,35 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
         if with_z:
             z_smem[...] = z
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(s_smem, end_ref.at[b, hd, r, :, cols])
+        plgpu.copy_smem_to_gmem(s_smem, end_ref.at[e, b, hd, r, :, cols])
         if with_z:
-            plgpu.copy_smem_to_gmem(z_smem, zend_ref.at[b, hd, j, r])
+            plgpu.copy_smem_to_gmem(z_smem, zend_ref.at[e, b, hd, j, r])
         plgpu.wait_smem_to_gmem(0)
 
     pl.run_scoped(store_end, state_smem, *([plgpu.SMEM((kp,), jnp.float32)] if with_z else []))
 
 
-def walk_states(k, v, w, d, s0, *, chunk, bv, reverse, splits=1, store=True, stages=None,
-                group=1, interpret=None, with_z=False, u=None, z0=None, z_method=None):
-    """One launch of the Mosaic GPU kernel over ``splits`` runs of ``N / splits`` chunks.
+def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), splits=1,
+                store=True, stages=None, group=1, interpret=None, with_z=False, u=None,
+                z_method=None):
+    """One launch of the Mosaic GPU kernel over ``splits`` runs of ``N / splits`` chunks in each
+    of ``directions`` (``(False,)``, ``(True,)`` or ``chunk_scan.BOTH``; ``D`` of them).
 
     Args:
-      k: ``[B, L, H, Kp]``, v: ``[B, L, H, Vp]``; w: ``[B, H, L]`` float32 key factors, or None
-        when k is already multiplied by them; d: ``[B, H, N]`` float32 chunk decay factors (w
-        and d as ``chunk_scan.decay_factors`` returns them); s0: None or ``[B, H, splits, Kp, Vp]``
-        float32, the state entering each run. Others as :func:`chunk_states_mosaic`.
+      k: ``[B, L, H, Kp]``, v: ``[B, L, H, Vp]``; w: ``[D, B, H, L]`` float32 key factors, or
+        None when k is already multiplied by them (one direction); d: ``[D, B, H, N]`` float32
+        chunk decay factors (w and d as ``chunk_scan.stacked_decay_factors`` returns them);
+        s0: None or ``[D, B, H, splits, Kp, Vp]`` float32, the state entering each run. Others
+        as :func:`chunk_states_mosaic`.
       store: also return the state entering every chunk.
       with_z: also walk ``z``; u: None (ones) or ``[B, H, L]`` float32 z weights; z0: None or
-        ``[B, H, splits, Kp]`` float32, the z entering each run; z_method: as
+        ``[D, B, H, splits, Kp]`` float32, the z entering each run; z_method: as
         :func:`chunk_states_mosaic`.
     Returns:
-      ``(h [B, H, N, Kp, Vp] k.dtype, ends [B, H, splits, Kp, Vp] float32)``, only ends when
-      not ``store``: the state each run ends with. with_z: ``(h, hz, ends, zends)``, not
-      ``store`` ``(ends, zends)``, with ``hz [B, H, V-blocks, N, Kp]`` and
-      ``zends [B, H, V-blocks, splits, Kp]`` float32 (every V-block holds the same z).
+      ``[h [D, B, H, N, Kp, Vp] k.dtype,] ends [D, B, H, splits, Kp, Vp] float32`` (h when
+      ``store``): the state entering every chunk and the state each run ends with; with_z
+      ``[h, hz,] ends, zends`` with ``hz [D, B, H, V-blocks, N, Kp]`` and
+      ``zends [D, B, H, V-blocks, splits, Kp]`` float32 (every V-block holds the same z).
     """
     if (reason := supported(k, v, chunk, bv)) is not None:
         raise ValueError(reason)
@@ -338,39 +350,44 @@ def walk_states(k, v, w, d, s0, *, chunk, bv, reverse, splits=1, store=True, sta
     z_method = pick_z_method(k.dtype, u is not None) if z_method is None else z_method
     if z_method not in Z_METHODS:
         raise ValueError(f"z_method must be None or one of {Z_METHODS}; got {z_method!r}")
+    directions = tuple(directions)
+    if directions not in ((False,), (True,), BOTH):
+        raise ValueError(f"directions must be (False,), (True,) or {BOTH}; got {directions}")
+    if len(directions) == 2 and (group > 1 or w is None):
+        raise ValueError("both directions in one launch need group=1 and the key factors w")
     B, L, H, kp = k.shape
     vp = v.shape[-1]
-    N, nvb = L // chunk, vp // bv
+    N, nvb, D = L // chunk, vp // bv, len(directions)
     if N % (splits * group):
         raise ValueError(f"splits * group must divide the number of chunks {N}; got "
                          f"{splits} * {group}")
     n_pad = _n_pad(N)
-    d = jnp.pad(d, ((0, 0), (0, 0), (0, n_pad - N))).reshape(B, H, n_pad // D_ROW, D_ROW)
+    d = jnp.pad(d, ((0, 0), (0, 0), (0, 0), (0, n_pad - N)))
+    d = d.reshape(D, B, H, n_pad // D_ROW, D_ROW)
     default, most = _smem_stages(chunk, group, kp, bv, k.dtype.itemsize, N, with_z=with_z,
                                  z_weights=u is not None)
     stages = default if stages is None else stages
     if not 1 <= stages <= most:
         raise ValueError(f"{stages} pipeline stages of {group} chunks do not fit in shared "
                          f"memory (at most {most})")
-    out_type = [jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32)]
+    out_type = [jax.ShapeDtypeStruct((D, B, H, splits, kp, vp), jnp.float32)]
     if with_z:
-        out_type.append(jax.ShapeDtypeStruct((B, H, nvb, splits, kp), jnp.float32))
+        out_type.append(jax.ShapeDtypeStruct((D, B, H, nvb, splits, kp), jnp.float32))
     if store:
-        out_type[:0] = [jax.ShapeDtypeStruct((B, H, N, kp, vp), k.dtype)]
+        out_type[:0] = [jax.ShapeDtypeStruct((D, B, H, N, kp, vp), k.dtype)]
         if with_z:
-            out_type.insert(1, jax.ShapeDtypeStruct((B, H, nvb, N, kp), jnp.float32))
+            out_type.insert(1, jax.ShapeDtypeStruct((D, B, H, nvb, N, kp), jnp.float32))
     kernel = plgpu.kernel(
         functools.partial(_walk_kernel, chunk=chunk, run=N // splits, group=group, bv=bv,
-                          reverse=reverse, store=store, stages=stages, with_z=with_z,
+                          directions=directions, store=store, stages=stages, with_z=with_z,
                           z_method=z_method),
         out_type=tuple(out_type),
         scratch_types=(plgpu.SMEM((n_pad // D_ROW, D_ROW), jnp.float32),
                        plgpu.Barrier(num_barriers=1)),
-        grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
+        grid=(D, B, H, nvb, splits), grid_names=tuple("ebhjr"),
         interpret=interpret,
     )
-    outs = kernel(k, v, w, d, u, s0, z0)
-    return outs if store or with_z else outs[0]
+    return list(kernel(k, v, w, d, u, s0, z0))
 
 
 def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_kernel=True,
@@ -383,18 +400,21 @@ def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_k
         ``two_pass.chunk_states`` (see :func:`supported` for the shapes handled); g:
         ``[B, L, H]`` float32 log-decays (entries <= 0), L a multiple of ``chunk``.
       s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first chunk scanned.
-      chunk: chunk size C; bv: V-block width; reverse: walk the chunks last to first.
+      chunk: chunk size C; bv: V-block width.
+      reverse: walk the chunks last to first; ``chunk_scan.BOTH``: both directions in one
+        launch, as ``two_pass.chunk_states`` (every result with a leading axis of 2).
       splits: runs to cut the chunks into, as in ``two_pass.chunk_states``: > 1 walks each run
         from zero keeping its end state, scans the runs in XLA, then walks each run again from
         the state entering it, storing h. More programs but every chunk read twice: worth it
         only for few programs (B=1, H=8, 64 x 64, L=16K on an H100: 0.08-0.09 ms in 8 runs,
         0.20-0.22 in one; B=4, H=16: 0.31 ms in 2 runs, 0.21 in one).
       scale_in_kernel: multiply the keys by their factors w in the kernel (in shared memory,
-        before each wgmma); False: in XLA before the kernel (one more pass over k: 0.31-0.33
-        against 0.20-0.22 ms end to end for B=4, H=16, 64 x 64, L=16K).
+        before each wgmma); False (one direction only): in XLA before the kernel (one more
+        pass over k: 0.31-0.33 against 0.20-0.22 ms end to end for B=4, H=16, 64 x 64, L=16K).
       stages: pipeline steps of k / v loaded ahead; None: about ``LOAD_BYTES_AHEAD`` bytes.
-      group: chunks per pipeline step: one TMA copy of ``group * chunk`` rows of k and v,
-        ``group`` wgmmas issued together and one copy of ``group`` states to h per step.
+      group: chunks per pipeline step (one direction only): one TMA copy of ``group * chunk``
+        rows of k and v, ``group`` wgmmas issued together and one copy of ``group`` states to
+        h per step.
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
       with_z: also carry ``z = sum_j decay_j u_j k_j`` from zero, as
         ``two_pass.chunk_states(with_z=True)``: per chunk ``z = d[n] z + sum_rows(k * w * u)``
@@ -424,23 +444,15 @@ def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_k
         raise ValueError(reason)
     if z_weights is not None and not with_z:
         raise ValueError("z_weights needs with_z=True")
-    w, d = decay_factors(g, chunk, reverse=reverse)
+    directions = walk_directions(reverse)
+    w, d = stacked_decay_factors(g, chunk, directions)
     if not scale_in_kernel:
-        k = (k.astype(jnp.float32) * jnp.swapaxes(w, 1, 2)[..., None]).astype(k.dtype)
+        if len(directions) == 2:
+            raise ValueError("scale_in_kernel=False walks one direction at a time")
+        k = (k.astype(jnp.float32) * jnp.swapaxes(w[0], 1, 2)[..., None]).astype(k.dtype)
         w = None
     u = None if z_weights is None else jnp.swapaxes(z_weights, 1, 2).astype(jnp.float32)
-    walk = functools.partial(walk_states, k, v, w, d, chunk=chunk, bv=bv, reverse=reverse,
+    walk = functools.partial(walk_states, k, v, w, d, chunk=chunk, bv=bv, directions=directions,
                              splits=splits, stages=stages, group=group, interpret=interpret,
                              with_z=with_z, u=u, z_method=z_method)
-    z0 = None
-    if splits > 1:  # the state entering each run, from each run's end state from zero
-        ends = walk(None, store=False)
-        if with_z:
-            ends, zends = ends
-            z0 = entering_states(zends[:, :, 0], d, None, reverse=reverse)
-        s0 = entering_states(ends, d, s0, reverse=reverse)
-    elif s0 is not None:
-        s0 = s0[:, :, None]
-    outs = walk(s0, z0=z0)
-    final = outs[2 if with_z else 1][:, :, 0 if reverse else -1]
-    return (outs[0], outs[1], final) if with_z else (outs[0], final)
+    return walk_in_runs(walk, d, s0, reverse=reverse, splits=splits, with_z=with_z)

@@ -34,8 +34,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, decay_factors,
-                                       entering_states, pad_layout, pad_state)
+from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, pad_layout, pad_state,
+                                       stacked_decay_factors, walk_directions, walk_in_runs)
 from pallas_kernels.mosaic_states import chunk_states_mosaic
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 
@@ -80,22 +80,36 @@ def pick_splits(programs, num_chunks, state_entries, *, backend="triton"):
     return splits
 
 
+def walk_order(directions, axis):
+    """``(reverse, n)``: whether this program walks in reverse, and ``n(first, run, step)``, the
+    chunk index of walk step ``step`` in a run starting at chunk ``first``. ``directions`` is
+    a tuple of bools (one per entry of the grid's direction axis, ``axis``): one direction is
+    static, two (``BOTH``) are picked by the program's index along that axis."""
+    if len(directions) == 1:
+        reverse = directions[0]
+        return reverse, lambda first, run, step: first + (run - 1 - step if reverse else step)
+    reverse = pl.program_id(axis) == 1
+    return reverse, lambda first, run, step: first + jnp.where(reverse, run - 1 - step, step)
+
+
 def _states_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *out_refs, chunk, run,
-                   reverse, precision, store, with_z):
-    """One (b, h, V-block, run) program: k ``[Lp, Kp]``, v ``[Lp, BV]``, key factors w ``[Lp]``,
-    chunk decay factors d ``[N]``; s0 and the end state ``[Kp, BV]``; h ``[N, Kp, BV]`` when
-    stored; with_z also the z weights u ``[Lp]`` (u_ref None: ones), z0, the end z ``[Kp]`` and
-    (stored) the z of every chunk ``[N, Kp]``. s0_ref / z0_ref None: start from zero."""
+                   directions, precision, store, with_z):
+    """One (direction, b, h, V-block, run) program: k ``[Lp, Kp]``, v ``[Lp, BV]``, key
+    factors w ``[Lp]``, chunk decay factors d ``[N]`` (both of the program's direction); s0 and
+    the end state ``[Kp, BV]``; h ``[N, Kp, BV]`` when stored; with_z also the z weights u
+    ``[Lp]`` (u_ref None: ones), z0, the end z ``[Kp]`` and (stored) the z of every chunk
+    ``[N, Kp]``. s0_ref / z0_ref None: start from zero."""
     out_refs = list(out_refs)
     h_ref = out_refs.pop(0) if store else None
     hz_ref = out_refs.pop(0) if store and with_z else None
     end_ref = out_refs.pop(0)
     zend_ref = out_refs.pop(0) if with_z else None
-    first = pl.program_id(3) * run
+    first = pl.program_id(4) * run
+    _, chunk_of = walk_order(directions, 0)
 
     def body(step, carry):
         state, z = carry
-        n = first + (run - 1 - step if reverse else step)
+        n = chunk_of(first, run, step)
         if store:
             h_ref[n] = state.astype(h_ref.dtype)
             if with_z:
@@ -122,18 +136,20 @@ def _states_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *out_refs,
         zend_ref[...] = z
 
 
-def _states_call(k, v, w, d, u, s0, z0, *, chunk, splits, bv, reverse, store, with_z, precision,
-                 params, interpret):
-    """One launch of the states kernel over ``splits`` runs; returns ``[h, hz,] ends[, zends]``
-    (h, hz when stored, hz and zends with_z): ``ends [B, H, splits, Kp, Vp]``,
-    ``zends [B, H, V-blocks, splits, Kp]``, ``h [B, H, N, Kp, Vp]`` (k.dtype),
-    ``hz [B, H, V-blocks, N, Kp]``, all float32 but h."""
+def _states_call(k, v, w, d, u, s0, z0, *, chunk, splits, bv, directions, store, with_z,
+                 precision, params, interpret):
+    """One launch of the states kernel over ``splits`` runs in each of ``directions`` (the
+    leading axis, ``D``, of w ``[D, B, H, L]``, d ``[D, B, H, N]``, s0, z0 and every result);
+    returns ``[h, hz,] ends[, zends]`` (h, hz when stored, hz and zends with_z):
+    ``ends [D, B, H, splits, Kp, Vp]``, ``zends [D, B, H, V-blocks, splits, Kp]``,
+    ``h [D, B, H, N, Kp, Vp]`` (k.dtype), ``hz [D, B, H, V-blocks, N, Kp]``, all float32 but h."""
     B, L, H, kp = k.shape
     vp = v.shape[-1]
-    N, nvb = L // chunk, vp // bv
-    run_spec = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, j, r: (b, h, r, 0, j))
-    z_run_spec = pl.BlockSpec((None, None, None, kp), lambda b, h, j, r: (b, h, r, 0))
-    token_spec = pl.BlockSpec((None, None, L), lambda b, h, j, r: (b, h, 0))
+    N, nvb, D = L // chunk, vp // bv, len(directions)
+    run_spec = pl.BlockSpec((None, None, None, None, kp, bv),
+                            lambda e, b, h, j, r: (e, b, h, r, 0, j))
+    z_run_spec = pl.BlockSpec((None, None, None, None, kp), lambda e, b, h, j, r: (e, b, h, r, 0))
+    token_spec = pl.BlockSpec((None, None, None, L), lambda e, b, h, j, r: (e, b, h, 0))
     out_specs, out_shape = [], []
 
     def out(spec, shape, dtype=jnp.float32):
@@ -141,28 +157,30 @@ def _states_call(k, v, w, d, u, s0, z0, *, chunk, splits, bv, reverse, store, wi
         out_shape.append(jax.ShapeDtypeStruct(shape, dtype))
 
     if store:
-        out(pl.BlockSpec((None, None, N, kp, bv), lambda b, h, j, r: (b, h, 0, 0, j)),
-            (B, H, N, kp, vp), k.dtype)
+        out(pl.BlockSpec((None, None, None, N, kp, bv), lambda e, b, h, j, r: (e, b, h, 0, 0, j)),
+            (D, B, H, N, kp, vp), k.dtype)
         if with_z:
-            out(pl.BlockSpec((None, None, None, N, kp), lambda b, h, j, r: (b, h, j, 0, 0)),
-                (B, H, nvb, N, kp))
-    out(run_spec, (B, H, splits, kp, vp))
+            out(pl.BlockSpec((None, None, None, None, N, kp),
+                             lambda e, b, h, j, r: (e, b, h, j, 0, 0)), (D, B, H, nvb, N, kp))
+    out(run_spec, (D, B, H, splits, kp, vp))
     if with_z:
-        out(pl.BlockSpec((None, None, None, None, kp), lambda b, h, j, r: (b, h, j, r, 0)),
-            (B, H, nvb, splits, kp))
+        out(pl.BlockSpec((None, None, None, None, None, kp),
+                         lambda e, b, h, j, r: (e, b, h, j, r, 0)), (D, B, H, nvb, splits, kp))
+    name = "chunk_states" + {(False,): "", (True,): "_reverse"}.get(tuple(directions), "_both")
     return pl.pallas_call(
-        functools.partial(_states_kernel, chunk=chunk, run=N // splits, reverse=reverse,
+        functools.partial(_states_kernel, chunk=chunk, run=N // splits, directions=directions,
                           precision=precision, store=store, with_z=with_z),
-        grid=(B, H, nvb, splits),
-        in_specs=[pl.BlockSpec((None, L, None, kp), lambda b, h, j, r: (b, 0, h, 0)),
-                  pl.BlockSpec((None, L, None, bv), lambda b, h, j, r: (b, 0, h, j)),
+        grid=(D, B, H, nvb, splits),
+        in_specs=[pl.BlockSpec((None, L, None, kp), lambda e, b, h, j, r: (b, 0, h, 0)),
+                  pl.BlockSpec((None, L, None, bv), lambda e, b, h, j, r: (b, 0, h, j)),
                   token_spec,
-                  pl.BlockSpec((None, None, N), lambda b, h, j, r: (b, h, 0)),
-                  None if u is None else token_spec,
+                  pl.BlockSpec((None, None, None, N), lambda e, b, h, j, r: (e, b, h, 0)),
+                  None if u is None else pl.BlockSpec((None, None, L),
+                                                      lambda e, b, h, j, r: (b, h, 0)),
                   None if s0 is None else run_spec,
                   None if z0 is None else z_run_spec],
         out_specs=out_specs, out_shape=out_shape, compiler_params=params,
-        interpret=interpret, name="chunk_states_reverse" if reverse else "chunk_states",
+        interpret=interpret, name=name,
     )(k, v, w, d, u, s0, z0)
 
 
@@ -210,12 +228,15 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
       k: ``[B, L, H, Kp]``, v: ``[B, L, H, Vp]`` (padded to the tile layout of ``pad_layout``;
         Vp a multiple of ``bv``), g: ``[B, L, H]`` float32 log-decays, L a multiple of ``chunk``.
       s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first chunk scanned.
+      reverse: False (first chunk to last), True, or ``BOTH``: the two directions in one launch
+        (twice the programs; LION walks the same keys and values both ways), every result with
+        a leading axis of 2 (forward, then reverse) and s0, if given, ``[2, B, H, Kp, Vp]``.
       splits: runs to cut the chunks into (a power of two dividing N); None: :func:`pick_splits`.
       num_stages: Triton pipelining depth (the kernel runs ``STATES_WARPS`` warps); None:
         :func:`states_stages`.
       with_z: also carry ``z = sum_j decay_j u_j k_j``, starting from zero: with ``u = 1`` the
         state of a ones column of v (LION's normaliser).
-      z_weights: None (u = 1) or ``[B, L, H]``, the ``u`` of ``z``.
+      z_weights: None (u = 1) or ``[B, L, H]``, the ``u`` of ``z`` (both directions alike).
       backend: the walk's kernel, see :func:`walk_backend` (None: Mosaic GPU on Hopper where
         it applies, else Triton).
     Returns:
@@ -224,35 +245,26 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
     """
     B, L, H, _ = k.shape
     N = L // chunk
+    directions = walk_directions(reverse)
     backend = walk_backend(k, v, chunk=chunk, bv=bv, backend=backend, interpret=interpret,
                            with_z=with_z)
     if splits is None:
-        splits = pick_splits(B * H * (v.shape[-1] // bv), N, k.shape[-1] * bv, backend=backend)
+        programs = len(directions) * B * H * (v.shape[-1] // bv)
+        splits = pick_splits(programs, N, k.shape[-1] * bv, backend=backend)
     if N % splits:
         raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
     if backend == "mosaic":
         return chunk_states_mosaic(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
                                    splits=splits, with_z=with_z, z_weights=z_weights,
                                    interpret=plgpu.InterpretGPUParams() if interpret else None)
-    w, d = decay_factors(g, chunk, reverse=reverse)
-    u = None if z_weights is None else jnp.swapaxes(z_weights, 1, 2)
-    call = functools.partial(_states_call, k, v, w, d, u, chunk=chunk, splits=splits, bv=bv,
-                             reverse=reverse, with_z=with_z, precision=precision,
-                             params=pltriton.CompilerParams(num_warps=STATES_WARPS,
-                                                            num_stages=num_stages or
-                                                            states_stages(k.shape[-1], bv)),
-                             interpret=interpret)
-    z0 = None
-    if splits > 1:  # each run's end state from zero, then the state entering each run
-        ends, *zends = call(None, None, store=False)
-        s0 = entering_states(ends, d, s0, reverse=reverse)
-        if with_z:
-            z0 = entering_states(zends[0][:, :, 0], d, None, reverse=reverse)
-    elif s0 is not None:
-        s0 = s0[:, :, None]
-    outs = call(s0, z0, store=True)
-    final = outs[2 if with_z else 1][:, :, 0 if reverse else -1]
-    return (outs[0], outs[1], final) if with_z else (outs[0], final)
+    w, d = stacked_decay_factors(g, chunk, directions)
+    u = None if z_weights is None else jnp.swapaxes(z_weights, 1, 2).astype(jnp.float32)
+    params = pltriton.CompilerParams(num_warps=STATES_WARPS,
+                                     num_stages=num_stages or states_stages(k.shape[-1], bv))
+    walk = functools.partial(_states_call, k, v, w, d, u, chunk=chunk, splits=splits, bv=bv,
+                             directions=directions, with_z=with_z, precision=precision,
+                             params=params, interpret=interpret)
+    return walk_in_runs(walk, d, s0, reverse=reverse, splits=splits, with_z=with_z)
 
 
 def backward_layout(q, k, v, dy, log_decay, *, max_dim, chunk, interpret, num_warps,

@@ -9,6 +9,8 @@ float32 without rounding, except with ``scale_in_kernel=False``).
 """
 
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,7 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import two_pass
-from pallas_kernels.chunk_scan import decay_factors
+from pallas_kernels.chunk_scan import BOTH, decay_factors
 from pallas_kernels.mosaic_states import chunk_states_mosaic, supported
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -175,6 +177,31 @@ def test_states_walk_z(rng, kp, vp, bv, dtype, reverse, weighted, splits, with_s
     if ON_GPU:
         assert (errs["h vs triton"] <= H_TOL and errs["final vs triton"] <= FINAL_TOL
                 and errs["hz vs triton"] <= Z_TOL), errs
+
+
+@pytest.mark.parametrize("backend", ["triton", "mosaic"])
+@pytest.mark.parametrize("with_z,weighted,splits,with_s0", [
+    (False, False, 1, True), (False, False, 2, False), (True, False, 1, False),
+    (True, True, 2, True)])
+def test_both_directions_in_one_launch(rng, backend, with_z, weighted, splits, with_s0):
+    """``two_pass.chunk_states(reverse=BOTH)`` (LION's walks side by side in one launch) gives
+    what the two one-direction walks give, and the float64 walk; two V-blocks."""
+    B, L, H, chunk, kp, vp, bv = 1, 512, 2, 64, 64, 128, 64
+    k, v, g, _ = make_inputs(rng, B, L, H, kp, vp, jnp.bfloat16, False)
+    s0 = (jnp.asarray(rng.standard_normal((2, B, H, kp, vp)), jnp.float32) if with_s0
+          else None)
+    u = jnp.asarray(rng.standard_normal((B, L, H)), jnp.float32) if weighted else None
+    walk = functools.partial(two_pass.chunk_states, k, v, g, chunk=chunk, bv=bv,
+                             precision=None, interpret=not ON_GPU, splits=splits,
+                             with_z=with_z, z_weights=u, backend=backend)
+    both = walk(s0, reverse=BOTH)
+    for e, reverse in enumerate(BOTH):
+        one = walk(None if s0 is None else s0[e], reverse=reverse)
+        h_ref, final_ref = reference(k, v, g, None if s0 is None else s0[e], chunk, reverse)
+        for name, a, b in zip(("h", "z", "final") if with_z else ("h", "final"), both, one):
+            assert a.shape[1:] == b.shape and a.dtype == b.dtype, name
+            assert rel_err(a[e], b) <= 1e-6, (name, reverse, rel_err(a[e], b))
+        assert rel_err(both[0][e], h_ref) <= H_TOL and rel_err(both[-1][e], final_ref) <= FINAL_TOL
 
 
 @pytest.mark.parametrize("reverse", [False, True])
