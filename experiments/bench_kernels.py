@@ -259,7 +259,7 @@ def sweep(B, L, H, dims, reps, rng):
         "causal forward": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
             q, k, v, g, out_dtype=jnp.bfloat16),
         "causal backward, recomputed": lambda q, k, v, dy, g, s, *_: causal_backward(
-            q, k, v, g, None, s, dy, s),
+            q, k, v, g, None, dy, s),
         "LION forward": lambda q, k, v, dy, g, *_: bidirectional_scan(q, k, v, g,
                                                                       normalize=True),
         "LION backward, recomputed": lambda q, k, v, dy, g, s, den, *_: lion_backward(
@@ -268,7 +268,7 @@ def sweep(B, L, H, dims, reps, rng):
     for warps in (4, 8):
         stages[f"causal backward, states kept, {warps} warps"] = (
             lambda q, k, v, dy, g, s, den, h, hl, w=warps: causal_backward(
-                q, k, v, g, None, s, dy, s, h, num_warps=w))
+                q, k, v, g, None, dy, s, h, num_warps=w))
         for one in (True, False):
             label = f"states kept, {'one kernel' if one else 'two kernels'}, {warps} warps"
             stages[f"LION backward, {label}"] = (

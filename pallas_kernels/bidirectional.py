@@ -34,7 +34,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import BOTH, _pad_axis, chunk_decays, pad_layout, reverse_cumsum
+from pallas_kernels.chunk_scan import (BOTH, _pad_axis, chunk_decays, crossing_sums,
+                                       pad_layout, pair_balance, through_terms)
 from pallas_kernels.two_pass import backward_layout, chunk_states
 
 
@@ -176,16 +177,18 @@ def supported(k_dim, v_dim, dtype):
 
 
 def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precision, parts):
-    """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, dnum, dv ``[C, Vp]``; g, da ``[C]``.
+    """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, dnum, dv ``[C, Vp]``; g, dg ``[C]``.
 
     ``parts`` picks the outputs: "dq" (refs: hf, hb ``[Kp, Vp]``, the states of (k, v) before
-    and after the chunk; then dq, da), "dkv" (dhf, dhb, the states of (q, dnum); then dk, dv,
-    da) or "all" (hf, hb, dhf, dhb; dq, dk, dv, da). With normalize, after the states: dden
+    and after the chunk; then dq, dg), "dkv" (dhf, dhb, the states of (q, dnum); then dk, dv,
+    dg) or "all" (hf, hb, dhf, dhb; dq, dk, dv, dg). With normalize, after the states: dden
     ``[C]`` and the z states ``[Kp]`` (zf, zb of (k, 1) for dq; dzf, dzb of (q, dden) for dk).
-    ``da`` is this kernel's share of dA.
 
-    dA's intra-chunk part needs no matmul: with ``X = signs * G * M * (Q K^T)`` (float32),
-    ``q_t . (signed dq)_t = rowsum(X)_t`` and ``k_t . (signed dk)_t = colsum(X)_t``."""
+    ``dg`` is this kernel's share of d log_decay (``chunk_scan.crossing_sums``) but the pairs
+    spanning the whole chunk: every pair's term ``G_ij w_ij`` counts at the tokens its decay
+    spans. The dq part takes the pairs inside the chunk (from ``signs * X``,
+    ``X = G * M * (Q K^T)``: both orders) and the queries' pairs with keys outside; the dk, dv
+    part the keys' pairs with queries outside."""
     want_dq, want_dkv = parts in ("dq", "all"), parts in ("dkv", "all")
     refs = list(refs)
 
@@ -212,31 +215,42 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
         dd = dd_ref[...].astype(f32)
         grad_w = grad_w + dd[:, None]
     grad_w = grad_w * mask
-    signed = grad_w * scores * _signs(a.shape[0])
+    before = after = jnp.zeros(a.shape, f32)  # terms counted after / up to their token
+    if want_dq:  # signs * X: the rowsum - colsum of the lower part of X + X^T (both orders)
+        after = pair_balance(grad_w * scores * _signs(a.shape[0]))
     gw = grad_w.astype(dtype)
-    da = jnp.zeros(a.shape, f32)
-    if want_dq:
-        before = dot(dn, hf_ref[...], trans_b=True)  # keys before the chunk (causal)
-        after = dot(dn, hb_ref[...], trans_b=True)  # keys after it (anti-causal)
+    if want_dq:  # one [C, Kp] float32 term at a time (registers at head dim 128)
+        dq = dot(gw, k)
+        from_before = dot(dn, hf_ref[...], trans_b=True)  # keys before the chunk (causal)
         if normalize:
-            before = before + dd[:, None] * zf_ref[...][None, :]
-            after = after + dd[:, None] * zb_ref[...][None, :]
-        before, after = before * eh, after * et
-        da = da + jnp.sum(signed, axis=1) + jnp.sum(q.astype(f32) * (before - after), axis=1)
-        refs.pop(0)[...] = (dot(gw, k) + before + after).astype(dtype)
+            from_before = from_before + dd[:, None] * zf_ref[...][None, :]
+        from_before = from_before * eh
+        after = after + jnp.sum(q.astype(f32) * from_before, axis=1)
+        dq = dq + from_before
+        from_after = dot(dn, hb_ref[...], trans_b=True)  # keys after it (anti-causal)
+        if normalize:
+            from_after = from_after + dd[:, None] * zb_ref[...][None, :]
+        from_after = from_after * et
+        before = before + jnp.sum(q.astype(f32) * from_after, axis=1)
+        refs.pop(0)[...] = (dq + from_after).astype(dtype)
     if want_dkv:
         dhf, dhb = dhf_ref[...], dhb_ref[...]
+        dk = dot(gw, q, trans_a=True)
         later = dot(v, dhb, trans_b=True)  # queries after the chunk (causal for the key)
-        earlier = dot(v, dhf, trans_b=True)  # queries before it (anti-causal)
         if normalize:
             later = later + dzb_ref[...][None, :]
+        later = later * et
+        before = before + jnp.sum(k.astype(f32) * later, axis=1)
+        dk = dk + later
+        earlier = dot(v, dhf, trans_b=True)  # queries before it (anti-causal)
+        if normalize:
             earlier = earlier + dzf_ref[...][None, :]
-        later, earlier = later * et, earlier * eh
-        da = da - jnp.sum(signed, axis=0) - jnp.sum(k.astype(f32) * (later - earlier), axis=1)
-        refs.pop(0)[...] = (dot(gw, q, trans_a=True) + later + earlier).astype(dtype)
+        earlier = earlier * eh
+        after = after + jnp.sum(k.astype(f32) * earlier, axis=1)
+        refs.pop(0)[...] = (dk + earlier).astype(dtype)
         refs.pop(0)[...] = (dot((scores * mask).astype(dtype), dn, trans_a=True)
                             + dot(k, dhb) * et + dot(k, dhf) * eh).astype(dtype)
-    refs.pop(0)[...] = da
+    refs.pop(0)[...] = crossing_sums(before, after)
 
 
 @functools.partial(jax.jit, static_argnames=("normalize", "chunk", "interpret", "num_warps",
@@ -251,8 +265,10 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     ``G_ij = dnum_i . v_j + dden_i`` (``dnum = dy / (den + eps)``,
     ``dden = -(dy . y) / (den + eps)`` when normalised, else ``dnum = dy``, no ``dden``):
     ``dq_i = sum_j G_ij M_ij k_j``, ``dk_j = sum_i G_ij M_ij q_i``,
-    ``dv_j = sum_i s_ij M_ij dnum_i`` and ``dA_t = q_t . (dq causal - anti-causal part)_t -
-    k_t . (dk causal - anti-causal part)_t``. States of ``(k, v)`` with the z of ones (kept
+    ``dv_j = sum_i s_ij M_ij dnum_i`` and ``dlog_decay_t`` the sum of ``G_ij w_ij`` over the
+    pairs whose decay spans t (``min(i, j) < t <= max(i, j)``; ``chunk_scan.crossing_sums``
+    within each chunk, ``chunk_scan.through_terms`` for the pairs spanning a whole chunk, not
+    a reverse cumsum over L that cancels O(1) terms). States of ``(k, v)`` with the z of ones (kept
     from the forward pass, else one states launch walking both ways), one launch for the
     states of ``(q, dnum)`` with the z weighted by dden (both ways), then one kernel per chunk
     reading every input once (ten matmuls) or, for larger head dims, two (a dq kernel and a
@@ -324,5 +340,9 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
         dq, da_q = call("dq", (kv,))
         dk, dv, da_k = call("dkv", (qd,))
         da = da_q + da_k
-    dlog_decay = reverse_cumsum(da)
-    return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay
+    # the pairs spanning a whole chunk: keys before it and queries after, or the reverse
+    da = da + through_terms(kv[0], qd[0][::-1], g, chunk)
+    if normalize:  # z [2, B, H, V-blocks, N, Kp]: every V-block holds the same z
+        da = da + through_terms(kv[1][:, :, :, 0, :, :, None], qd[1][::-1, :, :, 0, :, :, None],
+                                g, chunk)
+    return dq[..., :K], dk[..., :K], dv[..., :V], da

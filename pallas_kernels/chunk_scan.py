@@ -131,6 +131,42 @@ def intra_decay(a, *, reverse, strict, segments="direct"):
     return jnp.exp(jnp.where(mask, seg, -jnp.inf)), head, tail
 
 
+def crossing_sums(before, after):
+    """One chunk's share of ``d log_decay``, summed by position ``[C]`` float32.
+
+    ``d log_decay_t`` is the sum of the terms of every (query i, key j) pair whose decay
+    ``exp(A_i - A_j)`` spans token t, i.e. ``j < t <= i`` (``exp(-|A_i - A_j|)``: either order).
+    Within a chunk: ``out_t = sum_{s < t} before_s + sum_{s >= t} after_s``, ``before_s`` the
+    terms of pairs whose earlier end is s and whose later end is after the chunk, ``after_s``
+    those whose later end is s and whose earlier end is before the chunk, plus the pairs inside
+    the chunk as ``rowsum(X) - colsum(X)`` of their terms ``X [later, earlier]`` (zero on and
+    above the diagonal; summed from t on, the pairs with both ends from t on cancel in sums of
+    exact float32 products). Pairs spanning the whole chunk are the caller's (``through_terms``).
+    Every sum runs within one chunk, so rounding stays relative to chunk-local magnitudes: a
+    reverse cumsum of ``q.dq - k.dk`` over L cancels O(1) terms across the whole sequence.
+    """
+    return jnp.cumsum(before) - before + jnp.sum(after) - jnp.cumsum(after) + after
+
+
+def pair_balance(pairs):
+    """``rowsum(pairs) - colsum(pairs)`` ``[C]`` of a float32 ``[C, C]`` tile (see
+    :func:`crossing_sums`)."""
+    return jnp.sum(pairs, axis=1) - jnp.sum(pairs, axis=0)
+
+
+def through_terms(states, partner_states, g, chunk):
+    """The pairs that span a whole chunk, ``[B, L, H]`` float32: per chunk n and every token
+    of it, ``exp(sum of chunk n's log-decays) <states[n], partner_states[n]>``, summed over any
+    leading axes of the states ``[..., B, H, N, Kp, Vp]`` (e.g. both directions): the keys'
+    state entering the chunk against the queries' state leaving it (with ``g [B, L, H]``)."""
+    B, L, H = g.shape
+    decay = jnp.exp(jnp.sum(g.reshape(B, L // chunk, chunk, H), axis=2))  # [B, N, H]
+    axes = "".join("abcdefg"[:states.ndim - 5])
+    inner = jnp.einsum(f"{axes}bhnkv,{axes}bhnkv->bnh", states.astype(jnp.float32),
+                       partner_states.astype(jnp.float32))
+    return jnp.repeat(inner * decay, chunk, axis=1)
+
+
 def chunk_output(q, k, v, a, state, *, reverse, strict, precision, segments="direct"):
     """One chunk's outputs ``[C, BV]`` float32: the intra-chunk term plus the entering state's.
 

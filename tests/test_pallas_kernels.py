@@ -15,21 +15,26 @@ import pytest
 
 import pallas_kernels
 from lion_jax import ops
+from pallas_kernels.bidirectional import supported as lion_backward_supported
+from pallas_kernels.causal_backward import supported as causal_backward_supported
 
 ON_GPU = jax.default_backend() == "gpu"
 # float32: exact float32 dots (no TF32); the GPU bound is looser for reordered accumulation.
 TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5e-3}
-# d log_decay is the reverse cumsum over L of q_t.dq_t - k_t.dk_t (+ <S_T, dS_T> at the end):
-# O(1) terms that cancel to a small result, so their float32 rounding (~1e-7 each) adds up.
-# Measured in interpret mode with log_decay ~ U[-20, 0]: 2e-6 to 3e-5; mild decay: ~1e-6.
-DLOG_DECAY_TOL_F32 = 1e-4
-# bf16 (8-bit mantissa: rounding alone gives ~2.3e-3 RMS) meets 5e-3 on outputs and on dq, dk,
-# dv of the causal op, but not on gradients that are sums which cancel: d log_decay
-# (q.dq - k.dk, reverse-cumsummed) and LION's normalised dq, dk (the weights' cotangent has zero
-# mean under the attention weights). Measured with real bf16 inputs (L = 100, four seeds,
-# interpret mode): d log_decay 4.4e-3 to 6.2e-3, normalised LION dq up to 5.0e-3. They are held
-# to FLA's CI bound, 1e-2, in bf16 only (fp16 stays below 1e-3 everywhere).
-CANCELLING_TOL_BF16 = 1e-2
+# The fused backward kernels (the default for head dims <= 128, float32 <= 64) sum each
+# pair's term of d log_decay over the tokens its decay spans (chunk_scan.crossing_sums) and
+# meet TOL. The fallback paths (three scans: head dims > 128, float32 dims > 64;
+# algorithm="sequential"; per-feature decay) take it as the reverse cumsum over L of
+# q_t.dq_t - k_t.dk_t: O(1) terms that cancel to a small result, so their rounding adds up.
+# Measured (interpret mode, L = 100): float32 up to 1.3e-5 under log_decay ~ U[-20, 0], bf16
+# 4.5e-3 to 6.2e-3 (per-feature 5.7e-3).
+CUMSUM_DLOG_DECAY_TOL = {jnp.float32: 1e-4, jnp.bfloat16: 1e-2}
+# Normalised LION's dq in bf16: the weights' cotangent G_ij = dnum_i . (v_j - y_i) has zero
+# mean under the attention weights, so dq is a sum that cancels and the rounding of G * M to
+# bf16 (the matmul operand) and of the (k, v) states is amplified: measured over 12 seeds
+# (L = 100, mild decay) median 4.8e-3, largest 5.2e-3; 5.1e-3 under strong decay. Held to
+# FLA's CI bound, 1e-2. (dk, dv and d log_decay stay below 4.1e-3 and are held to 5e-3.)
+NORMALISED_LION_DQ_TOL_BF16 = 1e-2
 
 
 def rel_err(a, b):
@@ -58,15 +63,11 @@ def f64(x):
     return None if x is None else jnp.asarray(np.asarray(x, np.float64))
 
 
-def check_close(got, want, dtype, what, cancelling=("dlog_decay",)):
-    """Relative errors within ``TOL[dtype]``; the gradients named in ``cancelling`` within
-    ``DLOG_DECAY_TOL_F32`` (float32) or ``CANCELLING_TOL_BF16`` (bf16) where those are looser."""
+def check_close(got, want, dtype, what, looser=None):
+    """Relative errors within ``TOL[dtype]``, or ``looser[name]`` for the names it lists."""
     for name, a, b in zip(what, got, want):
         err = rel_err(a, b)
-        tol = TOL[dtype]
-        if name.split()[0] in cancelling:
-            tol = max(tol, {jnp.float32: DLOG_DECAY_TOL_F32,
-                            jnp.bfloat16: CANCELLING_TOL_BF16}.get(dtype, tol))
+        tol = max(TOL[dtype], (looser or {}).get(name.split()[0], 0.0))
         print(f"{name}: rel err {err:.2e}")
         assert err <= tol, f"{name}: relative error {err:.3e} > {tol}"
 
@@ -128,8 +129,11 @@ def test_causal_forward_and_grads(rng, L, K, V, chunk, decay, with_s0, algorithm
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy), f64(ds)))
     names = "q k v log_decay initial_state".split()
+    fused = (algorithm == "two_pass" and not per_feature
+             and causal_backward_supported(K, V, jnp.float32))
     check_close(got, want, jnp.float32, ["y", "final_state"])
-    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
+    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums],
+                None if fused else {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[jnp.float32]})
 
 
 BIDIR_CASES = [  # L, K, V, chunk, decay, normalize, algorithm
@@ -169,8 +173,10 @@ def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize, 
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
     names = "q k v log_decay".split()
+    fused = algorithm == "two_pass" and lion_backward_supported(K, V, jnp.float32)
     check_close([got], [want], jnp.float32, ["y"])
-    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
+    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums],
+                None if fused else {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[jnp.float32]})
 
 
 @pytest.mark.parametrize("dtype,op,K,V", [(jnp.bfloat16, "causal", 32, 16),
@@ -203,14 +209,16 @@ def test_half_precision(rng, dtype, op, K, V):
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
     check_close([got], [want], dtype, ["y"])
-    cancelling = ("dlog_decay", "dq", "dk") if bidirectional else ("dlog_decay",)
-    check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"], cancelling)
+    looser = None
+    if dtype == jnp.bfloat16 and bidirectional:
+        looser = {"dq": NORMALISED_LION_DQ_TOL_BF16}
+    elif dtype == jnp.bfloat16 and op == "per_feature":
+        looser = {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[dtype]}
+    check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"], looser)
 
 
 MOSAIC_CASES = [  # op, L, K, V, decay, with s0 / normalize
-    # bf16 d log_decay under decay U[-20, 0] cancels further (up to 1.4e-2): mild here;
-    # the Mosaic walk's strong decay is tested in test_mosaic_states.py.
-    ("causal", 200, 64, 64, "mild", True),
+    ("causal", 200, 64, 64, "strong", True),
     ("causal", 130, 96, 80, "mild", False),
     ("bidirectional", 200, 64, 64, "strong", True),
     ("bidirectional", 150, 80, 96, "mild", False),
@@ -250,12 +258,12 @@ def test_mosaic_backend(rng, op, L, K, V, decay, flag):
         args64 = tuple(f64(a) for a in args)
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
-    cancelling = ("dlog_decay", "dq", "dk") if bidirectional and flag else ("dlog_decay",)
+    looser = {"dq": NORMALISED_LION_DQ_TOL_BF16} if bidirectional and flag else None
     check_close([got], [want], jnp.bfloat16, ["y"])
-    check_close(got_grads, want_grads, jnp.bfloat16, names, cancelling)
+    check_close(got_grads, want_grads, jnp.bfloat16, names, looser)
     triton_grads, _ = loss_and_grads(kernel("triton"), args, (dy,))
     check_close([got] + list(got_grads), [kernel("triton")(*args)] + list(triton_grads),
-                jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names], cancelling)
+                jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names], looser)
 
 
 @pytest.mark.parametrize("normalize", [False, True])
@@ -287,12 +295,11 @@ def test_causal_backward_states_kept_or_recomputed(rng):
     from pallas_kernels.causal_backward import causal_backward
     B, L, H, K, V, chunk = 2, 48, 2, 32, 16, 16
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "strong")
-    s0, s_t, ds = (jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
-                   for _ in range(3))
+    s0, ds = (jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) for _ in range(2))
     dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.float32)
     h = pallas_kernels.chunk_scan_two_pass(q, k, v, g, s0, chunk=chunk, interpret=not ON_GPU,
                                            return_states=True)[-1]
-    run = functools.partial(causal_backward, q, k, v, g, s0, s_t, dy, ds, chunk=chunk,
+    run = functools.partial(causal_backward, q, k, v, g, s0, dy, ds, chunk=chunk,
                             interpret=not ON_GPU)
     names = ["dq", "dk", "dv", "dlog_decay", "ds0"]
     for name, a, b in zip(names, run(h), run()):
