@@ -80,16 +80,16 @@ def pick_splits(programs, num_chunks, state_entries, *, backend="triton"):
     return splits
 
 
-def walk_order(directions, axis):
-    """``(reverse, n)``: whether this program walks in reverse, and ``n(first, run, step)``, the
-    chunk index of walk step ``step`` in a run starting at chunk ``first``. ``directions`` is
-    a tuple of bools (one per entry of the grid's direction axis, ``axis``): one direction is
-    static, two (``BOTH``) are picked by the program's index along that axis."""
+def chunk_index(directions, axis):
+    """``n(first, run, step)``: the chunk a program walks at step ``step`` of the run starting
+    at chunk ``first``. ``directions`` is a tuple of bools (one per entry of the grid's
+    direction axis, ``axis``): one direction is static, two (``BOTH``) are picked by the
+    program's index along that axis."""
     if len(directions) == 1:
         reverse = directions[0]
-        return reverse, lambda first, run, step: first + (run - 1 - step if reverse else step)
+        return lambda first, run, step: first + (run - 1 - step if reverse else step)
     reverse = pl.program_id(axis) == 1
-    return reverse, lambda first, run, step: first + jnp.where(reverse, run - 1 - step, step)
+    return lambda first, run, step: first + jnp.where(reverse, run - 1 - step, step)
 
 
 def _states_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *out_refs, chunk, run,
@@ -105,7 +105,7 @@ def _states_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *out_refs,
     end_ref = out_refs.pop(0)
     zend_ref = out_refs.pop(0) if with_z else None
     first = pl.program_id(4) * run
-    _, chunk_of = walk_order(directions, 0)
+    chunk_of = chunk_index(directions, 0)
 
     def body(step, carry):
         state, z = carry
