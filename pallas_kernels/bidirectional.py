@@ -47,6 +47,18 @@ def _signs(c):
     return jnp.where(rows > cols, 1.0, jnp.where(rows < cols, -1.0, 0.0))
 
 
+def _two_parts(x, dtype):
+    """float32 ``x`` as ``(hi, lo)`` in the 16-bit ``dtype``: x rounded, then what that rounding
+    lost, rounded. Matmuls against both keep ~16 bits of x instead of 8 (bf16).
+
+    Normalised LION uses it for the attention weights (forward) and their cotangent G * M
+    (backward): the weights' cotangent has zero mean under the weights, so dq and dk are sums
+    that cancel, and the 8-bit rounding of those operands set their bf16 error (dq up to
+    5.4e-3; 3.9e-3 with both split, ``experiments.kernel_precision``, interpret mode)."""
+    hi = x.astype(dtype)
+    return hi, (x - hi.astype(jnp.float32)).astype(dtype)
+
+
 def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize, eps, signed,
                    precision):
     """One (b, h, n, V-block): q, k ``[C, Kp]``; v, o (and partner) ``[C, BV]``; g ``[C]``;
@@ -64,14 +76,19 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
     q_b = q * jnp.exp(tail)[:, None]
     inter_f = pltriton.dot(q_f.astype(dtype), hf_ref[...], precision=precision)
     inter_b = pltriton.dot(q_b.astype(dtype), hb_ref[...], precision=precision)
-    num = pltriton.dot(scores.astype(dtype), v, precision=precision) + inter_f + inter_b
+    if normalize and dtype != jnp.float32:  # the weights in two 16-bit parts (see _two_parts)
+        num = sum(pltriton.dot(part, v, precision=precision)
+                  for part in _two_parts(scores, dtype)) + inter_f + inter_b
+    else:
+        num = pltriton.dot(scores.astype(dtype), v, precision=precision) + inter_f + inter_b
     if normalize:
         zf = zf_ref[...].astype(jnp.float32)
         zb = zb_ref[...].astype(jnp.float32)
-        # den from the weights as the numerator's matmuls see them (rounded to the input
-        # dtype), so that y stays a weighted average of v: the backward relies on it.
+        # den from the weights as the numerator's matmuls see them (the scores to ~16 bits,
+        # the decayed queries rounded to the input dtype), so that y stays a weighted average
+        # of v: the backward relies on it.
         rounded = lambda x: x.astype(dtype).astype(jnp.float32)
-        den = (jnp.sum(rounded(scores), axis=1) + jnp.sum(rounded(q_f) * zf[None, :], axis=1)
+        den = (jnp.sum(scores, axis=1) + jnp.sum(rounded(q_f) * zf[None, :], axis=1)
                + jnp.sum(rounded(q_b) * zb[None, :], axis=1))
         o_ref[...] = (num / (den + eps)[:, None]).astype(o_ref.dtype)
         refs.pop(0)[...] = den
@@ -218,9 +235,10 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
     before = after = jnp.zeros(a.shape, f32)  # terms counted after / up to their token
     if want_dq:  # signs * X: the rowsum - colsum of the lower part of X + X^T (both orders)
         after = pair_balance(grad_w * scores * _signs(a.shape[0]))
-    gw = grad_w.astype(dtype)
+    # the cotangent of the weights: in two 16-bit parts when normalised (see _two_parts)
+    gws = _two_parts(grad_w, dtype) if normalize and dtype != f32 else (grad_w.astype(dtype),)
     if want_dq:  # one [C, Kp] float32 term at a time (registers at head dim 128)
-        dq = dot(gw, k)
+        dq = sum(dot(gw, k) for gw in gws)
         from_before = dot(dn, hf_ref[...], trans_b=True)  # keys before the chunk (causal)
         if normalize:
             from_before = from_before + dd[:, None] * zf_ref[...][None, :]
@@ -235,7 +253,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
         refs.pop(0)[...] = (dq + from_after).astype(dtype)
     if want_dkv:
         dhf, dhb = dhf_ref[...], dhb_ref[...]
-        dk = dot(gw, q, trans_a=True)
+        dk = sum(dot(gw, q, trans_a=True) for gw in gws)
         later = dot(v, dhb, trans_b=True)  # queries after the chunk (causal for the key)
         if normalize:
             later = later + dzb_ref[...][None, :]

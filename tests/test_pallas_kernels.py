@@ -29,12 +29,10 @@ TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5
 # Measured (interpret mode, L = 100): float32 up to 1.3e-5 under log_decay ~ U[-20, 0], bf16
 # 4.5e-3 to 6.2e-3 (per-feature 5.7e-3).
 CUMSUM_DLOG_DECAY_TOL = {jnp.float32: 1e-4, jnp.bfloat16: 1e-2}
-# Normalised LION's dq in bf16: the weights' cotangent G_ij = dnum_i . (v_j - y_i) has zero
-# mean under the attention weights, so dq is a sum that cancels and the rounding of G * M to
-# bf16 (the matmul operand) and of the (k, v) states is amplified: measured over 12 seeds
-# (L = 100, mild decay) median 4.8e-3, largest 5.2e-3; 5.1e-3 under strong decay. Held to
-# FLA's CI bound, 1e-2. (dk, dv and d log_decay stay below 4.1e-3 and are held to 5e-3.)
-NORMALISED_LION_DQ_TOL_BF16 = 1e-2
+# Normalised LION's dq, dk in bf16 are sums that cancel (the weights' cotangent has zero mean
+# under the weights): the kernels take the weights and their cotangent G * M in two 16-bit
+# parts (bidirectional._two_parts), which brought dq from up to 5.4e-3 to at most 3.5e-3
+# (12 seeds, L = 100, mild decay; 3.1e-3 strong), within TOL.
 
 
 def rel_err(a, b):
@@ -210,9 +208,7 @@ def test_half_precision(rng, dtype, op, K, V):
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
     check_close([got], [want], dtype, ["y"])
     looser = None
-    if dtype == jnp.bfloat16 and bidirectional:
-        looser = {"dq": NORMALISED_LION_DQ_TOL_BF16}
-    elif dtype == jnp.bfloat16 and op == "per_feature":
+    if dtype == jnp.bfloat16 and op == "per_feature":
         looser = {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[dtype]}
     check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"], looser)
 
@@ -258,12 +254,11 @@ def test_mosaic_backend(rng, op, L, K, V, decay, flag):
         args64 = tuple(f64(a) for a in args)
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
-    looser = {"dq": NORMALISED_LION_DQ_TOL_BF16} if bidirectional and flag else None
     check_close([got], [want], jnp.bfloat16, ["y"])
-    check_close(got_grads, want_grads, jnp.bfloat16, names, looser)
+    check_close(got_grads, want_grads, jnp.bfloat16, names)
     triton_grads, _ = loss_and_grads(kernel("triton"), args, (dy,))
     check_close([got] + list(got_grads), [kernel("triton")(*args)] + list(triton_grads),
-                jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names], looser)
+                jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names])
 
 
 @pytest.mark.parametrize("normalize", [False, True])
