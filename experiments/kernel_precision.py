@@ -32,6 +32,18 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def kernel_and_reference(op, chunk_size=32):
+    """``(kernel, reference)`` of ``op`` (LION normalised if "bidirectional", else the causal
+    op), both ``f(q, k, v, log_decay)``: the Pallas kernel and ``lion_jax.ops``' materialised
+    form (impl="attention")."""
+    if op == "bidirectional":
+        return (lambda *a: pallas_kernels.bidirectional_linear_attention(
+                    *a, chunk_size=chunk_size),
+                lambda *a: ops.lion_attention(*a, impl="attention"))
+    return (lambda *a: pallas_kernels.causal_linear_attention(*a, chunk_size=chunk_size),
+            lambda *a: ops.causal_linear_attention(*a, impl="attention"))
+
+
 def errors(rng, dtype, op, K, V, L, decay):
     """``{name: error}`` for y, dq, dk, dv, dlog_decay of one random case."""
     B, H = 1, 2
@@ -45,12 +57,7 @@ def errors(rng, dtype, op, K, V, L, decay):
     g_shape = (B, L, H, K) if op == "per_feature" else (B, L, H)
     g = jnp.asarray(rng.uniform(LOW[decay], 0.0, g_shape), jnp.float32)
     dy = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
-    if bidirectional:
-        kernel = lambda *a: pallas_kernels.bidirectional_linear_attention(*a, chunk_size=32)
-        reference = lambda *a: ops.lion_attention(*a, impl="attention")
-    else:
-        kernel = lambda *a: pallas_kernels.causal_linear_attention(*a, chunk_size=32)
-        reference = lambda *a: ops.causal_linear_attention(*a, impl="attention")
+    kernel, reference = kernel_and_reference(op)
 
     def value_and_grads(fn, args, cotangent):
         y, vjp = jax.vjp(fn, *args)

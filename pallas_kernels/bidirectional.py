@@ -54,7 +54,7 @@ def _two_parts(x, dtype):
     Normalised LION uses it for the attention weights (forward) and their cotangent G * M
     (backward): the weights' cotangent has zero mean under the weights, so dq and dk are sums
     that cancel, and the 8-bit rounding of those operands set their bf16 error (dq up to
-    5.4e-3; 3.9e-3 with both split, ``experiments.kernel_precision``, interpret mode)."""
+    5.2e-3 over 12 seeds; 3.5e-3 with both split; docs/benchmarks.md, session 5)."""
     hi = x.astype(dtype)
     return hi, (x - hi.astype(jnp.float32)).astype(dtype)
 

@@ -161,7 +161,7 @@ def through_terms(states, partner_states, g, chunk):
     state entering the chunk against the queries' state leaving it (with ``g [B, L, H]``)."""
     B, L, H = g.shape
     decay = jnp.exp(jnp.sum(g.reshape(B, L // chunk, chunk, H), axis=2))  # [B, N, H]
-    axes = "".join("abcdefg"[:states.ndim - 5])
+    axes = "xyz"[:states.ndim - 5]  # leading axes, letters apart from "bhnkv"
     inner = jnp.einsum(f"{axes}bhnkv,{axes}bhnkv->bnh", states.astype(jnp.float32),
                        partner_states.astype(jnp.float32))
     return jnp.repeat(inner * decay, chunk, axis=1)

@@ -177,7 +177,7 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     if len(directions) == 1:
         reverse = directions[0]
         block_of = lambda i: r * steps + (steps - 1 - i if reverse else i)  # of `group` chunks
-    else:  # BOTH (group 1)
+    else:  # BOTH, one chunk per block (group 1), so the order within a block is moot
         block_of = lambda i: r * steps + jnp.where(e == 1, steps - 1 - i, i)
         reverse = False
     order = list(reversed(range(group)) if reverse else range(group))  # chunks within a block

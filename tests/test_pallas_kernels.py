@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import pallas_kernels
+from experiments.kernel_precision import kernel_and_reference
 from lion_jax import ops
 from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import supported as causal_backward_supported
@@ -192,12 +193,7 @@ def test_half_precision(rng, dtype, op, K, V):
     q, k, v, g = make_inputs(rng, B, L, H, K, V, dtype, "mild", positive=bidirectional,
                              per_feature=op == "per_feature")
     dy = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
-    if bidirectional:
-        kernel = lambda *a: pallas_kernels.bidirectional_linear_attention(*a, chunk_size=32)
-        reference = lambda *a: ops.lion_attention(*a, impl="attention")
-    else:
-        kernel = lambda *a: pallas_kernels.causal_linear_attention(*a, chunk_size=32)
-        reference = lambda *a: ops.causal_linear_attention(*a, impl="attention")
+    kernel, reference = kernel_and_reference(op)
     args = (q, k, v, g)
     got = kernel(*args)
     assert got.dtype == dtype
