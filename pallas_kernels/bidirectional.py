@@ -34,9 +34,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import (BOTH, _pad_axis, chunk_decays, crossing_sums,
+from pallas_kernels.chunk_scan import (BOTH, _next_pow2, _pad_axis, chunk_decays, crossing_sums,
                                        pad_layout, pair_balance, through_terms)
-from pallas_kernels.two_pass import backward_layout, chunk_states
+from pallas_kernels.two_pass import WALK_BLOCK_V, backward_layout, chunk_states
 
 
 def _signs(c):
@@ -60,13 +60,14 @@ def _two_parts(x, dtype):
 
 
 def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize, eps, signed,
-                   precision):
-    """One (b, h, n, V-block): q, k ``[C, Kp]``; v, o (and partner) ``[C, BV]``; g ``[C]``;
-    hf, hb ``[Kp, BV]``; zf, zb ``[Kp]`` (normalize); den, r ``[C]`` float32."""
+                   low_part, precision):
+    """One (b, h, n, V-block): q, k ``[C, Kp]``; v, o (o's low part, partner) ``[C, BV]``;
+    g ``[C]``; hf, hb ``[Kp, BV]``; zf, zb ``[Kp]`` (normalize); den, r ``[C]`` float32."""
     refs = list(refs)
     zf_ref, zb_ref = (refs.pop(0), refs.pop(0)) if normalize else (None, None)
     p_ref = refs.pop(0) if signed else None
     o_ref = refs.pop(0)
+    lo_ref = refs.pop(0) if low_part else None
     q, k, v = q_ref[...], k_ref[...], v_ref[...]
     dtype = q.dtype
     a = g_ref[...].astype(jnp.float32)
@@ -90,7 +91,11 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
         rounded = lambda x: x.astype(dtype).astype(jnp.float32)
         den = (jnp.sum(scores, axis=1) + jnp.sum(rounded(q_f) * zf[None, :], axis=1)
                + jnp.sum(rounded(q_b) * zb[None, :], axis=1))
-        o_ref[...] = (num / (den + eps)[:, None]).astype(o_ref.dtype)
+        y = num / (den + eps)[:, None]
+        if low_part:
+            o_ref[...], lo_ref[...] = _two_parts(y, o_ref.dtype)
+        else:
+            o_ref[...] = y.astype(o_ref.dtype)
         refs.pop(0)[...] = den
     else:
         o_ref[...] = num.astype(o_ref.dtype)
@@ -103,10 +108,11 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
 @functools.partial(jax.jit, static_argnames=("normalize", "eps", "chunk", "block_v",
                                              "out_dtype", "interpret", "num_warps",
                                              "num_stages", "splits", "return_states",
-                                             "backend"))
+                                             "low_part", "backend"))
 def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps=1e-6,
                        chunk=64, block_v=64, out_dtype=None, interpret=False, num_warps=None,
-                       num_stages=2, splits=None, return_states=False, backend=None):
+                       num_stages=2, splits=None, return_states=False, low_part=False,
+                       backend=None):
     """LION attention, both directions fused (see the module docstring).
 
     Args:
@@ -116,15 +122,18 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
         the output, dotted with ``partner``).
       normalize, eps: divide by ``den + eps``; also return ``den``.
       chunk, block_v, interpret, num_warps, num_stages: as for ``chunk_scan``.
-      out_dtype: dtype of ``o`` (None: v.dtype).
+      out_dtype: dtype of ``o`` (None: v.dtype), 16-bit when low_part.
+      low_part: normalize only: also return what rounding ``o`` to out_dtype lost, rounded
+        (``_two_parts``: ``o + low`` holds ~16 bits, for the backward's dden) without writing
+        a float32 output and casting it.
       splits, backend: the states walks' runs and kernel (see ``two_pass.chunk_states``).
       return_states: also return the states of ``(k, v)`` for :func:`lion_backward`: the tuple
         ``(h,)`` (``[2, B, H, N, Kp, Vp]``, forward then reverse, input dtype, tile layout)
         or, if normalize, ``(h, z)`` (z ``[2, B, H, V-blocks, N, Kp]`` float32).
     Returns:
-      ``o [B, L, H, V]``, then ``den [B, L, H]`` float32 if normalize, then ``r [B, L, H]``
-      float32 if partner is given, then the states if return_states (a tuple when more than
-      ``o``).
+      ``o [B, L, H, V]``, then its low part if low_part, then ``den [B, L, H]`` float32 if
+      normalize, then ``r [B, L, H]`` float32 if partner is given, then the states if
+      return_states (a tuple when more than ``o``).
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
@@ -133,9 +142,9 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
                                                         num_stages)
     g = log_decay.astype(jnp.float32)
     # both directions' states in one launch: (h [2, ...], [z [2, ...],] final)
-    states = chunk_states(k, v, g, None, chunk=chunk, bv=bv, reverse=BOTH, precision=precision,
-                          interpret=interpret, splits=splits, with_z=normalize,
-                          backend=backend)[:-1]
+    states = chunk_states(k, v, g, None, chunk=chunk, bv=min(bv, WALK_BLOCK_V), reverse=BOTH,
+                          precision=precision, interpret=interpret, splits=splits,
+                          with_z=normalize, backend=backend)[:-1]
 
     N, nvb = L // chunk, vp // bv
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
@@ -146,8 +155,11 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
     args = [q, k, v, g, states[0], states[0]]
     in_specs = [qk_spec, qk_spec, v_spec,
                 pl.BlockSpec((None, chunk, None), lambda b, h, n, j: (b, n, h))] + h_specs
-    out_specs = [v_spec]
-    out_shape = [jax.ShapeDtypeStruct((B, L, H, vp), out_dtype)]
+    if low_part and (not normalize or jnp.dtype(out_dtype).itemsize != 2):
+        raise ValueError(f"low_part needs normalize and a 16-bit out_dtype; got normalize="
+                         f"{normalize}, out_dtype {jnp.dtype(out_dtype).name}")
+    out_specs = [v_spec] * (1 + low_part)
+    out_shape = [jax.ShapeDtypeStruct((B, L, H, vp), out_dtype)] * (1 + low_part)
     row_shape = jax.ShapeDtypeStruct((B, nvb, L, H), jnp.float32)
     if normalize:
         args += [states[1], states[1]]
@@ -162,13 +174,13 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
         out_shape.append(row_shape)
     outs = pl.pallas_call(
         functools.partial(_output_kernel, normalize=normalize, eps=eps,
-                          signed=partner is not None, precision=precision),
+                          signed=partner is not None, low_part=low_part, precision=precision),
         grid=(B, H, N, nvb), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=params, interpret=interpret, name="bidirectional_outputs",
     )(*args)
-    outs = [outs[0][..., :V]] + list(outs[1:])
+    outs = [x[..., :V] for x in outs[:1 + low_part]] + list(outs[1 + low_part:])
     if normalize:
-        outs[1] = outs[1][:, 0]
+        outs[1 + low_part] = outs[1 + low_part][:, 0]
     if partner is not None:
         outs[-1] = jnp.sum(outs[-1], axis=1)
     if return_states:
@@ -184,13 +196,20 @@ MAX_BACKWARD_DIM = 128
 # tiles at once; at or below it as one. H100, L = 16K, 4 warps: D = 64 one kernel 1.71 ms,
 # two 1.81; D = 128 one 6.66, two 5.03 (docs/benchmarks.md).
 MAX_ONE_KERNEL_DIM = 64
+# The largest [C, max(Kp, Vp)] tile of the fused backward, in bytes: chunk 64 at head dim 128
+# in bf16 (see supported).
+MAX_BACKWARD_TILE_BYTES = 64 * 128 * 2
 
 
-def supported(k_dim, v_dim, dtype):
-    """Whether :func:`lion_backward` takes these head dims and dtype (else three fused scans):
-    up to ``MAX_BACKWARD_DIM`` for 16-bit inputs, 64 for float32 (twice the bytes per tile:
-    the causal backward's float32 tiles at head dims 96/80 overflowed an H100's shared memory)."""
-    return max(k_dim, v_dim) <= (64 if dtype == jnp.float32 else MAX_BACKWARD_DIM)
+def supported(k_dim, v_dim, dtype, chunk):
+    """Whether :func:`lion_backward` takes these head dims, dtype and chunk (else three fused
+    scans): head dims up to ``MAX_BACKWARD_DIM`` for 16-bit inputs, 64 for float32 (twice the
+    bytes per tile: the causal backward's float32 tiles at head dims 96/80 overflowed an H100's
+    shared memory), and ``[C, max(Kp, Vp)]`` tiles of at most ``MAX_BACKWARD_TILE_BYTES``
+    (chunk 128 at head dim 128, bf16, asked an H200 for 256 KiB of shared memory of 227)."""
+    kp, vp = (_next_pow2(max(d, 16)) for d in (k_dim, v_dim))
+    dims = max(k_dim, v_dim) <= (64 if dtype == jnp.float32 else MAX_BACKWARD_DIM)
+    return dims and chunk * max(kp, vp) * jnp.dtype(dtype).itemsize <= MAX_BACKWARD_TILE_BYTES
 
 
 def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precision, parts):
@@ -203,9 +222,9 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
 
     ``dg`` is this kernel's share of d log_decay (``chunk_scan.crossing_sums``) but the pairs
     spanning the whole chunk: every pair's term ``G_ij w_ij`` counts at the tokens its decay
-    spans. The dq part takes the pairs inside the chunk (from ``signs * X``,
-    ``X = G * M * (Q K^T)``: both orders) and the queries' pairs with keys outside; the dk, dv
-    part the keys' pairs with queries outside."""
+    spans. The dq part takes the queries' pairs with keys outside the chunk; the dk, dv part
+    the keys' pairs with queries outside and the pairs inside the chunk (from ``signs * X``,
+    ``X = G * M * (Q K^T)``: both orders), which need the scores dv needs anyway."""
     want_dq, want_dkv = parts in ("dq", "all"), parts in ("dkv", "all")
     refs = list(refs)
 
@@ -218,6 +237,9 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
         dd_ref, = take(1)
         zf_ref, zb_ref = take(2) if want_dq else (None, None)
         dzf_ref, dzb_ref = take(2) if want_dkv else (None, None)
+    dq_ref, = take(1) if want_dq else (None,)
+    dk_ref, dv_ref = take(2) if want_dkv else (None, None)
+    dg_ref, = take(1)
     q, k, v, dn = q_ref[...], k_ref[...], v_ref[...], dn_ref[...]
     dtype = q.dtype
     f32 = jnp.float32
@@ -226,18 +248,24 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
     seg, head, tail = chunk_decays(a, reverse=False)
     mask = jnp.exp(seg + seg.T)
     eh, et = jnp.exp(head)[:, None], jnp.exp(tail)[:, None]
-    scores = dot(q, k, trans_b=True)
-    grad_w = dot(dn, v, trans_b=True)  # d loss / d (s_ij M_ij), before the mask
+    grad = dot(dn, v, trans_b=True)  # G_ij = d loss / d w_ij
     if normalize:
         dd = dd_ref[...].astype(f32)
-        grad_w = grad_w + dd[:, None]
-    grad_w = grad_w * mask
+        grad = grad + dd[:, None]
     before = after = jnp.zeros(a.shape, f32)  # terms counted after / up to their token
-    if want_dq:  # signs * X: the rowsum - colsum of the lower part of X + X^T (both orders)
-        after = pair_balance(grad_w * scores * _signs(a.shape[0]))
-    # the cotangent of the weights: in two 16-bit parts when normalised (see _two_parts)
-    gws = _two_parts(grad_w, dtype) if normalize and dtype != f32 else (grad_w.astype(dtype),)
-    if want_dq:  # one [C, Kp] float32 term at a time (registers at head dim 128)
+    # Every [C, Kp] / [C, Vp] float32 term is finished before the next starts (registers at
+    # head dim 128): dv first, then dq, then dk (H200, D = 128, L = 16K: the dk, dv kernel
+    # took 1.86 ms with dv last, 1.47 with dv first).
+    if want_dkv:  # the weights give dv, and signs * X (X = G * w): the rowsum - colsum of the
+        weights = dot(q, k, trans_b=True) * mask  # lower part of X + X^T (both orders)
+        after = pair_balance(grad * weights * _signs(a.shape[0]))
+        dv = dot(weights.astype(dtype), dn, trans_a=True)
+        dv = dv + dot(k, dhb_ref[...]) * et  # queries after the chunk
+        dv_ref[...] = (dv + dot(k, dhf_ref[...]) * eh).astype(dtype)  # and before it
+    # the cotangent of the weights times the mask: in two 16-bit parts when normalised
+    grad = grad * mask
+    gws = _two_parts(grad, dtype) if normalize and dtype != f32 else (grad.astype(dtype),)
+    if want_dq:
         dq = sum(dot(gw, k) for gw in gws)
         from_before = dot(dn, hf_ref[...], trans_b=True)  # keys before the chunk (causal)
         if normalize:
@@ -250,25 +278,22 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
             from_after = from_after + dd[:, None] * zb_ref[...][None, :]
         from_after = from_after * et
         before = before + jnp.sum(q.astype(f32) * from_after, axis=1)
-        refs.pop(0)[...] = (dq + from_after).astype(dtype)
+        dq_ref[...] = (dq + from_after).astype(dtype)
     if want_dkv:
-        dhf, dhb = dhf_ref[...], dhb_ref[...]
         dk = sum(dot(gw, q, trans_a=True) for gw in gws)
-        later = dot(v, dhb, trans_b=True)  # queries after the chunk (causal for the key)
+        later = dot(v, dhb_ref[...], trans_b=True)  # queries after the chunk (causal for k)
         if normalize:
             later = later + dzb_ref[...][None, :]
         later = later * et
         before = before + jnp.sum(k.astype(f32) * later, axis=1)
         dk = dk + later
-        earlier = dot(v, dhf, trans_b=True)  # queries before it (anti-causal)
+        earlier = dot(v, dhf_ref[...], trans_b=True)  # queries before it (anti-causal)
         if normalize:
             earlier = earlier + dzf_ref[...][None, :]
         earlier = earlier * eh
         after = after + jnp.sum(k.astype(f32) * earlier, axis=1)
-        refs.pop(0)[...] = (dk + earlier).astype(dtype)
-        refs.pop(0)[...] = (dot((scores * mask).astype(dtype), dn, trans_a=True)
-                            + dot(k, dhb) * et + dot(k, dhf) * eh).astype(dtype)
-    refs.pop(0)[...] = crossing_sums(before, after)
+        dk_ref[...] = (dk + earlier).astype(dtype)
+    dg_ref[...] = crossing_sums(before, after)
 
 
 @functools.partial(jax.jit, static_argnames=("normalize", "chunk", "interpret", "num_warps",
@@ -289,9 +314,9 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     a reverse cumsum over L that cancels O(1) terms). States of ``(k, v)`` with the z of ones (kept
     from the forward pass, else one states launch walking both ways), one launch for the
     states of ``(q, dnum)`` with the z weighted by dden (both ways), then one kernel per chunk
-    reading every input once (ten matmuls) or, for larger head dims, two (a dq kernel and a
-    dk, dv kernel, each recomputing the two C x C products: thirteen matmuls, fewer tiles held
-    at once).
+    reading every input once (eleven matmuls) or, for larger head dims, two (a dq kernel and a
+    dk, dv kernel, both computing ``dnum V^T``: twelve matmuls, fewer tiles held at once).
+    Normalised with 16-bit inputs, dq's and dk's intra-chunk matmuls take two parts each.
 
     Args:
       q, k: ``[B, L, H, K]``; v, dnum: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
@@ -358,9 +383,10 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
         dq, da_q = call("dq", (kv,))
         dk, dv, da_k = call("dkv", (qd,))
         da = da_q + da_k
-    # the pairs spanning a whole chunk: keys before it and queries after, or the reverse
-    da = da + through_terms(kv[0], qd[0][::-1], g, chunk)
+    # the pairs spanning a whole chunk: keys before it and queries after (the forward (k, v)
+    # state against the reverse (q, dnum) state), or the reverse
+    pairs = [(kv[0][e], qd[0][1 - e]) for e in (0, 1)]
     if normalize:  # z [2, B, H, V-blocks, N, Kp]: every V-block holds the same z
-        da = da + through_terms(kv[1][:, :, :, 0, :, :, None], qd[1][::-1, :, :, 0, :, :, None],
-                                g, chunk)
+        pairs += [(kv[1][e, :, :, 0], qd[1][1 - e, :, :, 0]) for e in (0, 1)]
+    da = da + through_terms(pairs, g, chunk)
     return dq[..., :K], dk[..., :K], dv[..., :V], da

@@ -140,6 +140,6 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
                    jax.ShapeDtypeStruct((B, L, H), jnp.float32)],
         compiler_params=params, interpret=interpret, name="causal_backward",
     )(q, k, v, do, g, h, dh)
-    dlog_decay = dlog_decay + through_terms(h, dh, g, chunk)
+    dlog_decay = dlog_decay + through_terms([(h, dh)], g, chunk)
     ds0 = None if initial_state is None else ds0[:, :, :K, :V]
     return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay, ds0

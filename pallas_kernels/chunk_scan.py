@@ -154,17 +154,19 @@ def pair_balance(pairs):
     return jnp.sum(pairs, axis=1) - jnp.sum(pairs, axis=0)
 
 
-def through_terms(states, partner_states, g, chunk):
+def through_terms(pairs, g, chunk):
     """The pairs that span a whole chunk, ``[B, L, H]`` float32: per chunk n and every token
-    of it, ``exp(sum of chunk n's log-decays) <states[n], partner_states[n]>``, summed over any
-    leading axes of the states ``[..., B, H, N, Kp, Vp]`` (e.g. both directions): the keys'
-    state entering the chunk against the queries' state leaving it (with ``g [B, L, H]``)."""
+    of it, ``exp(sum of chunk n's log-decays) sum_p <states_p[n], partner_p[n]>`` over the
+    ``pairs`` ``(states_p, partner_p)``, each ``[B, H, N, ...]`` (``<., .>`` sums the trailing
+    axes): the keys' state entering the chunk against the queries' state leaving it (with
+    ``g [B, L, H]``). Each pair is one multiply-and-sum that XLA fuses into a read of both
+    arrays: H200, B4 H16 L = 16K, LION's four pairs took 0.53 ms at D = 128 (0.16 at D = 64)
+    against 1.56 (0.43) for the einsum over the stacked directions this replaced."""
     B, L, H = g.shape
     decay = jnp.exp(jnp.sum(g.reshape(B, L // chunk, chunk, H), axis=2))  # [B, N, H]
-    axes = "xyz"[:states.ndim - 5]  # leading axes, letters apart from "bhnkv"
-    inner = jnp.einsum(f"{axes}bhnkv,{axes}bhnkv->bnh", states.astype(jnp.float32),
-                       partner_states.astype(jnp.float32))
-    return jnp.repeat(inner * decay, chunk, axis=1)
+    inner = sum(jnp.sum(s.astype(jnp.float32) * p.astype(jnp.float32),
+                        axis=tuple(range(3, s.ndim))) for s, p in pairs)  # [B, H, N]
+    return jnp.repeat(jnp.swapaxes(inner, 1, 2) * decay, chunk, axis=1)
 
 
 def chunk_output(q, k, v, a, state, *, reverse, strict, precision, segments="direct"):

@@ -55,7 +55,8 @@ from pallas_kernels.causal_backward import supported as causal_backward_supporte
 from pallas_kernels.chunk_scan import chunk_scan, reverse_cumsum
 from pallas_kernels.per_feature import chunk_scan_per_feature
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
-from pallas_kernels.two_pass import BACKENDS, BACKWARD_BLOCK_V, chunk_scan_two_pass, hopper
+from pallas_kernels.two_pass import (BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper,
+                                    output_block_v)
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 ALGORITHMS = ("sequential", "two_pass")
@@ -192,15 +193,18 @@ def _lion(q, k, v, g, cfg, normalize, eps):
 
 
 def _lion_fwd(q, k, v, g, cfg, normalize, eps):
-    keep = (lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype)
+    keep = (lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype, cfg["chunk"])
             and keep_states(q.shape[-1], v.shape[-1], cfg["chunk"]))
-    # Normalised, the backward needs y in float32 (see _lion_bwd); the output is its cast.
+    # Normalised, the backward needs y to float32 precision (see _lion_bwd): 16-bit y comes
+    # with its low part (y + low to ~16 bits), float32 y is exact.
+    low = normalize and v.dtype != jnp.float32
     out = bidirectional_scan(q, k, v, g, normalize=normalize, eps=eps, return_states=keep,
-                             out_dtype=jnp.float32 if normalize else v.dtype, **_fused_cfg(cfg))
+                             low_part=low, **_fused_cfg(cfg))
     out = list(out) if isinstance(out, tuple) else [out]
-    y, den = out[0], (out[1] if normalize else None)
-    return y.astype(v.dtype), (q, k, v, g, y if normalize else None, den,
-                               out[-1] if keep else None)
+    y = out[0]
+    y_res = (y, out[1] if low else None) if normalize else None
+    den = out[1 + low] if normalize else None
+    return y, (q, k, v, g, y_res, den, out[-1] if keep else None)
 
 
 def _lion_bwd(cfg, normalize, eps, res, dy):
@@ -211,16 +215,18 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
     The weights' cotangent ``G_ij = dnum_i . (v_j - y_i)`` has zero mean under the attention
     weights, so dq and dk are sums that cancel: an error in dden that is not matched in dnum is
     amplified. dden is therefore ``-(dnum . y)`` from dnum as the kernels see it (rounded to the
-    input dtype) and y in float32 (bf16, L = 100: dq's relative RMS error 1.95e-2 -> 4.95e-3,
+    input dtype) and y to float32 precision, 16-bit y plus its low part (bf16, L = 100: dq's
+    relative RMS error 1.95e-2 with y in bf16, 4.95e-3 in float32,
     ``experiments.kernel_precision``)."""
-    q, k, v, g, y, den, kv_states = res
+    q, k, v, g, y_res, den, kv_states = res
     scan = functools.partial(bidirectional_scan, **_fused_cfg(cfg))
     dnum, dden = dy, None
     dq_in, v_in = dy, v
     if normalize:
         dnum = (dy.astype(jnp.float32) / (den + eps)[..., None]).astype(v.dtype)
-        dden = -_dot_last(dnum, y)
-    if lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype):
+        y, low = y_res
+        dden = -_dot_last(dnum, y if low is None else y.astype(jnp.float32) + low)
+    if lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype, cfg["chunk"]):
         dq, dk, dv, dlog_decay = lion_backward(q, k, v, g, dnum, dden, kv_states,
                                                normalize=normalize, chunk=cfg["chunk"],
                                                interpret=cfg["interpret"],
@@ -308,10 +314,9 @@ def _mosaic_reason(q, v, log_decay, chunk_size, algorithm):
     kp, vp = _next_pow2(max(K, 16)), _next_pow2(max(v.shape[-1], 16))
     dtype = jnp.result_type(q, v)
     keys = jax.ShapeDtypeStruct((1, Lp, 1, kp), dtype)
-    for bv in sorted({min(64, vp), min(BACKWARD_BLOCK_V, vp)}):
-        values = jax.ShapeDtypeStruct((1, Lp, 1, -(-vp // bv) * bv), dtype)
-        if (reason := mosaic_walk_reason(keys, values, chunk, bv)) is not None:
-            return f"backend='mosaic': {reason}; use backend=None or 'triton' here"
+    values = jax.ShapeDtypeStruct((1, Lp, 1, vp), dtype)
+    if (reason := mosaic_walk_reason(keys, values, chunk, min(WALK_BLOCK_V, vp))) is not None:
+        return f"backend='mosaic': {reason}; use backend=None or 'triton' here"
     return None
 
 
@@ -349,6 +354,7 @@ def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None, backend=
         cfg["algorithm"] = algorithm or DEFAULT_ALGORITHM
         if cfg["algorithm"] == "two_pass":
             cfg["backend"] = backend
+            cfg["block_v"] = output_block_v(q.shape[-1], v.shape[-1], dtype)
     return q, k, v, g, cfg
 
 

@@ -45,9 +45,22 @@ STATES_WARPS = 4
 # Backward kernels (causal and LION gradients, head dims <= 128): 4 warps were faster than 8
 # on an H100 at D = 64 and 128 (0.97 vs 1.41 ms for the causal backward at D = 64, L = 16K).
 BACKWARD_WARPS = 4
-# A V-block of the states walks of the backward passes (the forward's is its block_v): at
-# D = 128 a 128 x 64 state walked faster than 128 x 128 (0.71 vs 0.87 ms with z, L = 16K).
-BACKWARD_BLOCK_V = 64
+# The V-block of every states walk (forward and backward passes; the output kernels may take
+# wider V-blocks of the same states): at D = 128 a 128 x 64 state walked faster than 128 x 128
+# (0.71 vs 0.87 ms with z, L = 16K, H100).
+WALK_BLOCK_V = 64
+# V columns per program of the output kernels for 16-bit inputs with head dims up to 128
+# (float32 tiles take twice the bytes: they and larger head dims keep 64). One H200, B4 H16,
+# L = 16K, D = 128, bf16, states kept, 4 warps: causal forward 1.072 ms with V-blocks of 64,
+# 0.872 with 128 (0.971 with 8 warps); LION forward 2.209 / 1.704 (2.144).
+OUTPUT_BLOCK_V = 128
+
+
+def output_block_v(k_dim, v_dim, dtype):
+    """The output kernels' V-block for these head dims and input dtype (``OUTPUT_BLOCK_V``)."""
+    return OUTPUT_BLOCK_V if dtype != jnp.float32 and max(k_dim, v_dim) <= 128 else 64
+
+
 # When the states kernel cuts the chunks into runs: only for states of at most
 # MAX_SPLIT_STATE entries, until TARGET_PROGRAMS programs, at least MIN_RUN_CHUNKS chunks per run.
 # Measured on an H100 at L = 16K (docs/benchmarks.md): 64 x 64 states with 64 programs took
@@ -273,7 +286,7 @@ def backward_layout(q, k, v, dy, log_decay, *, max_dim, chunk, interpret, num_wa
 
     Pads q, k, v and the output cotangent ``dy`` to the tile layout (``pad_layout`` with whole
     ``[Kp, Vp]`` tiles up to ``max_dim``, ``num_warps`` None: ``BACKWARD_WARPS``) and binds
-    :func:`chunk_states` for the backward's walks (V-blocks of ``BACKWARD_BLOCK_V``, the walks'
+    :func:`chunk_states` for the backward's walks (V-blocks of ``WALK_BLOCK_V``, the walks'
     kernel picked by ``backend`` as in :func:`walk_backend`).
 
     Returns:
@@ -284,7 +297,7 @@ def backward_layout(q, k, v, dy, log_decay, *, max_dim, chunk, interpret, num_wa
                                                        num_warps or BACKWARD_WARPS, num_stages)
     dy = _pad_axis(dy.astype(q.dtype), 3, vp)
     g = log_decay.astype(jnp.float32)
-    states = functools.partial(chunk_states, g=g, chunk=chunk, bv=min(vp, BACKWARD_BLOCK_V),
+    states = functools.partial(chunk_states, g=g, chunk=chunk, bv=min(vp, WALK_BLOCK_V),
                                precision=precision, interpret=interpret, splits=splits,
                                backend=backend)
     return q, k, v, dy, g, kp, vp, precision, params, states
@@ -328,7 +341,7 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
                                                         num_stages)
     g = log_decay.astype(jnp.float32)
     s0 = pad_state(initial_state, kp, vp)
-    h, state = chunk_states(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
+    h, state = chunk_states(k, v, g, s0, chunk=chunk, bv=min(bv, WALK_BLOCK_V), reverse=reverse,
                             precision=precision, interpret=interpret, splits=splits,
                             backend=backend)
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))

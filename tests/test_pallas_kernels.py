@@ -172,7 +172,7 @@ def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize, 
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
     names = "q k v log_decay".split()
-    fused = algorithm == "two_pass" and lion_backward_supported(K, V, jnp.float32)
+    fused = algorithm == "two_pass" and lion_backward_supported(K, V, jnp.float32, chunk)
     check_close([got], [want], jnp.float32, ["y"])
     check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums],
                 None if fused else {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[jnp.float32]})
