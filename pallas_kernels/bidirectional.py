@@ -51,7 +51,8 @@ def _two_parts(x, dtype):
     """float32 ``x`` as ``(hi, lo)`` in the 16-bit ``dtype``: x rounded, then what that rounding
     lost, rounded. Matmuls against both keep ~16 bits of x instead of 8 (bf16).
 
-    Normalised LION uses it for the attention weights (forward) and their cotangent G * M
+    Normalised LION uses it for the attention weights (forward), for the output's low part
+    that the backward's dden needs (``low_part``), and for the weights' cotangent G * M
     (backward): the weights' cotangent has zero mean under the weights, so dq and dk are sums
     that cancel, and the 8-bit rounding of those operands set their bf16 error (dq up to
     5.2e-3 over 12 seeds; 3.5e-3 with both split; docs/benchmarks.md, session 5)."""
