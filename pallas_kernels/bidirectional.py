@@ -36,7 +36,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (BOTH, _next_pow2, _pad_axis, chunk_decays, crossing_sums,
                                        pad_layout, pair_balance, through_terms)
-from pallas_kernels.two_pass import WALK_BLOCK_V, backward_layout, chunk_states
+from pallas_kernels.two_pass import WALK_BLOCK_V, backward_layout, chunk_states, output_block_v
 
 
 def _signs(c):
@@ -111,7 +111,7 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
                                              "num_stages", "splits", "return_states",
                                              "low_part", "backend"))
 def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps=1e-6,
-                       chunk=64, block_v=64, out_dtype=None, interpret=False, num_warps=None,
+                       chunk=64, block_v=None, out_dtype=None, interpret=False, num_warps=None,
                        num_stages=2, splits=None, return_states=False, low_part=False,
                        backend=None):
     """LION attention, both directions fused (see the module docstring).
@@ -122,7 +122,8 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
       partner: None or ``[B, L, H, V]``: also return ``r`` (causal minus anti-causal part of
         the output, dotted with ``partner``).
       normalize, eps: divide by ``den + eps``; also return ``den``.
-      chunk, block_v, interpret, num_warps, num_stages: as for ``chunk_scan``.
+      chunk, interpret, num_warps, num_stages: as for ``chunk_scan``.
+      block_v: V columns per output program (None: ``two_pass.output_block_v``).
       out_dtype: dtype of ``o`` (None: v.dtype), 16-bit when low_part.
       low_part: normalize only: also return what rounding ``o`` to out_dtype lost, rounded
         (``_two_parts``: ``o + low`` holds ~16 bits, for the backward's dden) without writing
@@ -139,6 +140,7 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
     B, L, H, K = q.shape
     V = v.shape[-1]
     out_dtype = out_dtype or v.dtype
+    block_v = block_v or output_block_v(K, V, q.dtype)
     q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps or 4,
                                                         num_stages)
     g = log_decay.astype(jnp.float32)

@@ -55,8 +55,7 @@ from pallas_kernels.causal_backward import supported as causal_backward_supporte
 from pallas_kernels.chunk_scan import chunk_scan, reverse_cumsum
 from pallas_kernels.per_feature import chunk_scan_per_feature
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
-from pallas_kernels.two_pass import (BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper,
-                                    output_block_v)
+from pallas_kernels.two_pass import BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 ALGORITHMS = ("sequential", "two_pass")
@@ -354,7 +353,7 @@ def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None, backend=
         cfg["algorithm"] = algorithm or DEFAULT_ALGORITHM
         if cfg["algorithm"] == "two_pass":
             cfg["backend"] = backend
-            cfg["block_v"] = output_block_v(q.shape[-1], v.shape[-1], dtype)
+            cfg["block_v"] = None  # the two-pass kernels' own default (output_block_v)
     return q, k, v, g, cfg
 
 

@@ -317,7 +317,7 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, *, reverse, strict,
                                              "num_stages", "splits", "return_states",
                                              "backend"))
 def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=False,
-                        chunk=64, block_v=64, out_dtype=jnp.float32, interpret=False,
+                        chunk=64, block_v=None, out_dtype=jnp.float32, interpret=False,
                         num_warps=None, num_stages=2, splits=None, return_states=False,
                         backend=None):
     """:func:`pallas_kernels.chunk_scan` computed chunk-parallel (same arguments and results).
@@ -325,7 +325,8 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
       log_decay: ``[B, L, H]``, entries ``<= 0``; initial_state: None or ``[B, H, K, V]``.
-      reverse, strict, chunk, block_v, out_dtype, interpret: as there.
+      reverse, strict, chunk, out_dtype, interpret: as there.
+      block_v: V columns per output program (None: :func:`output_block_v`).
       num_stages: of the output kernel (the states kernel's: :func:`states_stages`).
       num_warps: of the output kernel (None: 4, faster than 8 here on an H100).
       splits: runs the states kernel cuts the chunks into (see :func:`chunk_states`).
@@ -337,6 +338,7 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
+    block_v = block_v or output_block_v(K, V, q.dtype)
     q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps or 4,
                                                         num_stages)
     g = log_decay.astype(jnp.float32)
