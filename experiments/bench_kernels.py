@@ -263,7 +263,7 @@ def sweep(B, L, H, dims, reps, rng):
         "LION forward": lambda q, k, v, dy, g, *_: bidirectional_scan(q, k, v, g,
                                                                       normalize=True),
         "LION backward, recomputed": lambda q, k, v, dy, g, s, den, *_: lion_backward(
-            q, k, v, g, dy, den, normalize=True),
+            q, k, v, g, dy, y=v, y_low=v, den=den, normalize=True),
     }
     for warps in (4, 8):
         stages[f"causal backward, states kept, {warps} warps"] = (
@@ -273,7 +273,8 @@ def sweep(B, L, H, dims, reps, rng):
             label = f"states kept, {'one kernel' if one else 'two kernels'}, {warps} warps"
             stages[f"LION backward, {label}"] = (
                 lambda q, k, v, dy, g, s, den, h, hl, o=one, w=warps: lion_backward(
-                    q, k, v, g, dy, den, hl, normalize=True, one_kernel=o, num_warps=w))
+                    q, k, v, g, dy, hl, y=v, y_low=v, den=den, normalize=True, one_kernel=o,
+                    num_warps=w))
     for block_v, warps in ((32, 4), (64, 4), (64, 8)):
         stages[f"causal forward block_v={block_v} warps={warps}"] = (
             lambda q, k, v, dy, g, *_, b=block_v, w=warps: chunk_scan_two_pass(

@@ -60,6 +60,13 @@ def _two_parts(x, dtype):
     return hi, (x - hi.astype(jnp.float32)).astype(dtype)
 
 
+def to_float32(y, y_low):
+    """Normalised 16-bit y to ~16 bits as float32, ``y + y_low``
+    (``bidirectional_scan(low_part=True)``); y_low None: y as it is."""
+    y = y.astype(jnp.float32)
+    return y if y_low is None else y + y_low.astype(jnp.float32)
+
+
 def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize, eps, signed,
                    low_part, precision):
     """One (b, h, n, V-block): q, k ``[C, Kp]``; v, o (o's low part, partner) ``[C, BV]``;
@@ -215,13 +222,14 @@ def supported(k_dim, v_dim, dtype, chunk):
     return dims and chunk * max(kp, vp) * jnp.dtype(dtype).itemsize <= MAX_BACKWARD_TILE_BYTES
 
 
-def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precision, parts):
-    """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, dnum, dv ``[C, Vp]``; g, dg ``[C]``.
+def _grads_kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, *refs, normalize, precision, parts):
+    """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, dy, dv ``[C, Vp]``; g, dg ``[C]``.
 
     ``parts`` picks the outputs: "dq" (refs: hf, hb ``[Kp, Vp]``, the states of (k, v) before
     and after the chunk; then dq, dg), "dkv" (dhf, dhb, the states of (q, dnum); then dk, dv,
-    dg) or "all" (hf, hb, dhf, dhb; dq, dk, dv, dg). With normalize, after the states: dden
-    ``[C]`` and the z states ``[Kp]`` (zf, zb of (k, 1) for dq; dzf, dzb of (q, dden) for dk).
+    dg) or "all" (hf, hb, dhf, dhb; dq, dk, dv, dg). With normalize, after the states: r and u
+    ``[C]`` (``dnum = r dy``, ``dden = r u``, see :func:`lion_backward`) and the z states
+    ``[Kp]`` (zf, zb of (k, 1) for dq; dzf, dzb of (q, dden) for dk).
 
     ``dg`` is this kernel's share of d log_decay (``chunk_scan.crossing_sums``) but the pairs
     spanning the whole chunk: every pair's term ``G_ij w_ij`` counts at the tokens its decay
@@ -237,13 +245,13 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
     hf_ref, hb_ref = take(2) if want_dq else (None, None)
     dhf_ref, dhb_ref = take(2) if want_dkv else (None, None)
     if normalize:
-        dd_ref, = take(1)
+        r_ref, u_ref = take(2)
         zf_ref, zb_ref = take(2) if want_dq else (None, None)
         dzf_ref, dzb_ref = take(2) if want_dkv else (None, None)
     dq_ref, = take(1) if want_dq else (None,)
     dk_ref, dv_ref = take(2) if want_dkv else (None, None)
     dg_ref, = take(1)
-    q, k, v, dn = q_ref[...], k_ref[...], v_ref[...], dn_ref[...]
+    q, k, v, dy = q_ref[...], k_ref[...], v_ref[...], dy_ref[...]
     dtype = q.dtype
     f32 = jnp.float32
     dot = functools.partial(pltriton.dot, precision=precision)
@@ -251,10 +259,10 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
     seg, head, tail = chunk_decays(a, reverse=False)
     mask = jnp.exp(seg + seg.T)
     eh, et = jnp.exp(head)[:, None], jnp.exp(tail)[:, None]
-    grad = dot(dn, v, trans_b=True)  # G_ij = d loss / d w_ij
+    grad = dot(dy, v, trans_b=True)  # G_ij = d loss / d w_ij = r_i (dy_i . v_j + u_i)
     if normalize:
-        dd = dd_ref[...].astype(f32)
-        grad = grad + dd[:, None]
+        r, u = r_ref[...][:, None], u_ref[...][:, None]
+        grad = (grad + u) * r
     before = after = jnp.zeros(a.shape, f32)  # terms counted after / up to their token
     # Every [C, Kp] / [C, Vp] float32 term is finished before the next starts (registers at
     # head dim 128): dv first, then dq, then dk (H200, D = 128, L = 16K: the dk, dv kernel
@@ -262,7 +270,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
     if want_dkv:  # the weights give dv, and signs * X (X = G * w): the rowsum - colsum of the
         weights = dot(q, k, trans_b=True) * mask  # lower part of X + X^T (both orders)
         after = pair_balance(grad * weights * _signs(a.shape[0]))
-        dv = dot(weights.astype(dtype), dn, trans_a=True)
+        dv = dot((weights * r if normalize else weights).astype(dtype), dy, trans_a=True)
         dv = dv + dot(k, dhb_ref[...]) * et  # queries after the chunk
         dv_ref[...] = (dv + dot(k, dhf_ref[...]) * eh).astype(dtype)  # and before it
     # the cotangent of the weights times the mask: in two 16-bit parts when normalised
@@ -270,15 +278,15 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
     gws = _two_parts(grad, dtype) if normalize and dtype != f32 else (grad.astype(dtype),)
     if want_dq:
         dq = sum(dot(gw, k) for gw in gws)
-        from_before = dot(dn, hf_ref[...], trans_b=True)  # keys before the chunk (causal)
+        from_before = dot(dy, hf_ref[...], trans_b=True)  # keys before the chunk (causal)
         if normalize:
-            from_before = from_before + dd[:, None] * zf_ref[...][None, :]
+            from_before = (from_before + u * zf_ref[...][None, :]) * r
         from_before = from_before * eh
         after = after + jnp.sum(q.astype(f32) * from_before, axis=1)
         dq = dq + from_before
-        from_after = dot(dn, hb_ref[...], trans_b=True)  # keys after it (anti-causal)
+        from_after = dot(dy, hb_ref[...], trans_b=True)  # keys after it (anti-causal)
         if normalize:
-            from_after = from_after + dd[:, None] * zb_ref[...][None, :]
+            from_after = (from_after + u * zb_ref[...][None, :]) * r
         from_after = from_after * et
         before = before + jnp.sum(q.astype(f32) * from_after, axis=1)
         dq_ref[...] = (dq + from_after).astype(dtype)
@@ -299,17 +307,25 @@ def _grads_kernel(q_ref, k_ref, v_ref, dn_ref, g_ref, *refs, normalize, precisio
     dg_ref[...] = crossing_sums(before, after)
 
 
-@functools.partial(jax.jit, static_argnames=("normalize", "chunk", "interpret", "num_warps",
-                                             "num_stages", "splits", "one_kernel",
+@functools.partial(jax.jit, static_argnames=("normalize", "eps", "chunk", "interpret",
+                                             "num_warps", "num_stages", "splits", "one_kernel",
                                              "backend"))
-def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normalize, chunk=64,
-                  interpret=False, num_warps=None, num_stages=2, splits=None, one_kernel=None,
-                  backend=None):
+def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None, den=None,
+                  normalize, eps=1e-6, chunk=64, interpret=False, num_warps=None, num_stages=2,
+                  splits=None, one_kernel=None, backend=None):
     """Gradients of LION attention in one pass over the chunks (head dims <= 128).
 
     With the weights ``w_ij = s_ij M_ij`` (``s_ij = q_i . k_j``) and their cotangents
-    ``G_ij = dnum_i . v_j + dden_i`` (``dnum = dy / (den + eps)``,
-    ``dden = -(dy . y) / (den + eps)`` when normalised, else ``dnum = dy``, no ``dden``):
+    ``G_ij = dnum_i . v_j + dden_i``, for the output cotangent dy: ``dnum = dy``, no ``dden``;
+    normalised (``y = num / (den + eps)``) ``dnum = r dy`` and ``dden = r u`` with
+    ``r = 1 / (den + eps)`` and ``u = -(dy . y)``. The kernels take dy, r and u and scale rows
+    by r (the (q, dnum) walk folds r into its key factors), so no XLA pass writes dnum (H100,
+    B4 H16 L = 16K, D = 128: the pass computing u took 0.27 ms, the one writing dnum and dden
+    0.35), and ``G_ij = r_i dy_i . (v_j - y_i)``
+    keeps its zero mean under the weights to float32 rounding: dq and dk are sums that cancel,
+    so u takes y to float32 precision (``y + y_low`` for 16-bit y: bf16, L = 100, dq's relative
+    RMS error was 1.95e-2 with y in bf16, 4.95e-3 to float32 precision,
+    ``experiments.kernel_precision``). Then:
     ``dq_i = sum_j G_ij M_ij k_j``, ``dk_j = sum_i G_ij M_ij q_i``,
     ``dv_j = sum_i s_ij M_ij dnum_i`` and ``dlog_decay_t`` the sum of ``G_ij w_ij`` over the
     pairs whose decay spans t (``min(i, j) < t <= max(i, j)``; ``chunk_scan.crossing_sums``
@@ -322,10 +338,13 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     Normalised with 16-bit inputs, dq's and dk's intra-chunk matmuls take two parts each.
 
     Args:
-      q, k: ``[B, L, H, K]``; v, dnum: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
-      log_decay: ``[B, L, H]`` float32; dden: ``[B, L, H]`` float32 when normalize.
+      q, k: ``[B, L, H, K]``; v, dy: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
+      log_decay: ``[B, L, H]`` float32.
       kv_states: None (recomputed) or the forward's states of ``(k, v)``,
         ``bidirectional_scan(..., return_states=True)``'s last output.
+      y, y_low, den, eps: normalize only: the forward's output ``[B, L, H, V]``, its low part
+        (``bidirectional_scan(low_part=True)``; None for float32 y), ``den [B, L, H]`` float32
+        and the eps of ``den + eps``.
       one_kernel: one kernel or two; None: one for head dims <= ``MAX_ONE_KERNEL_DIM``.
       num_warps: of the gradients kernels (None: ``two_pass.BACKWARD_WARPS``); num_stages,
         chunk, interpret: as for ``chunk_scan``; splits, backend: as for
@@ -336,8 +355,14 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
     B, L, H, K = q.shape
     V = v.shape[-1]
     dtype = q.dtype
-    q, k, v, dn, g, kp, vp, precision, params, states = backward_layout(
-        q, k, v, dnum, log_decay, max_dim=MAX_BACKWARD_DIM, chunk=chunk, interpret=interpret,
+    if normalize and (y is None or den is None):
+        raise ValueError("normalize needs the forward's y and den (and y_low for 16-bit y)")
+    rows = []  # normalised: r and u [B, L, H] float32
+    if normalize:
+        rows = [1.0 / (den.astype(jnp.float32) + eps),
+                -jnp.sum(dy.astype(dtype).astype(jnp.float32) * to_float32(y, y_low), axis=-1)]
+    q, k, v, dy, g, kp, vp, precision, params, states = backward_layout(
+        q, k, v, dy, log_decay, max_dim=MAX_BACKWARD_DIM, chunk=chunk, interpret=interpret,
         num_warps=num_warps, num_stages=num_stages, splits=splits, backend=backend)
     states = functools.partial(states, s0=None, with_z=normalize, reverse=BOTH)
     if kv_states is None:
@@ -348,7 +373,8 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
             raise ValueError(f"kv_states must be (h[, z]) with h [2, B, H, N, Kp, Vp] = {shape}"
                              f" (z when normalize); got {[x.shape for x in kv_states]}")
         kv = kv_states
-    qd = states(q, dn, z_weights=dden)[:-1]  # the states of (q, dnum), both directions
+    # the states of (q, dnum) = (q * r, dy), both directions, the z weighted by u
+    qd = states(q, dy, **(dict(key_scale=rows[0], z_weights=rows[1]) if normalize else {}))[:-1]
 
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, vp), lambda b, h, n: (b, n, h, 0))
@@ -362,11 +388,11 @@ def lion_backward(q, k, v, log_decay, dnum, dden=None, kv_states=None, *, normal
 
     def call(parts, walks):
         """``walks``: the (k, v) and / or (q, dnum) states ``(h[, z])``, both directions."""
-        args = [q, k, v, dn, g] + [w[0] for w in walks for _ in (0, 1)]
+        args = [q, k, v, dy, g] + [w[0] for w in walks for _ in (0, 1)]
         in_specs = [qk_spec, qk_spec, v_spec, v_spec, row_spec] + h_specs * len(walks)
         if normalize:
-            args += [dden.astype(jnp.float32)] + [w[1] for w in walks for _ in (0, 1)]
-            in_specs += [row_spec] + z_specs * len(walks)
+            args += rows + [w[1] for w in walks for _ in (0, 1)]
+            in_specs += [row_spec] * 2 + z_specs * len(walks)
         shapes = grad_shapes[parts]
         return pl.pallas_call(
             functools.partial(_grads_kernel, normalize=normalize, precision=precision,

@@ -323,10 +323,14 @@ def walk_directions(reverse):
     return (bool(reverse),)
 
 
-def stacked_decay_factors(g, chunk, directions):
-    """:func:`decay_factors` of each direction, stacked: ``(w [D, B, H, L], d [D, B, H, N])``."""
+def stacked_decay_factors(g, chunk, directions, key_scale=None):
+    """:func:`decay_factors` of each direction, stacked: ``(w [D, B, H, L], d [D, B, H, N])``;
+    ``key_scale`` None or ``[B, L, H]``: w also scales every key row by it (both directions)."""
     w, d = zip(*(decay_factors(g, chunk, reverse=r) for r in directions))
-    return jnp.stack(w), jnp.stack(d)
+    w = jnp.stack(w)
+    if key_scale is not None:
+        w = w * jnp.swapaxes(key_scale, 1, 2).astype(jnp.float32)
+    return w, jnp.stack(d)
 
 
 def walk_in_runs(walk, d, s0, *, reverse, splits, with_z):

@@ -48,7 +48,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
+from pallas_kernels.bidirectional import bidirectional_scan, lion_backward, to_float32
 from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
@@ -213,25 +213,23 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
 
     The weights' cotangent ``G_ij = dnum_i . (v_j - y_i)`` has zero mean under the attention
     weights, so dq and dk are sums that cancel: an error in dden that is not matched in dnum is
-    amplified. dden is therefore ``-(dnum . y)`` from dnum as the kernels see it (rounded to the
-    input dtype) and y to float32 precision, 16-bit y plus its low part (bf16, L = 100: dq's
-    relative RMS error 1.95e-2 with y in bf16, 4.95e-3 in float32,
-    ``experiments.kernel_precision``)."""
+    amplified. The three scans therefore take dden as ``-(dnum . y)`` from dnum as they see it
+    (rounded to the input dtype) and y to float32 precision, 16-bit y plus its low part; the
+    fused backward (``lion_backward``) takes dy, y and den and scales rows in its kernels."""
     q, k, v, g, y_res, den, kv_states = res
     scan = functools.partial(bidirectional_scan, **_fused_cfg(cfg))
-    dnum, dden = dy, None
-    dq_in, v_in = dy, v
-    if normalize:
-        dnum = (dy.astype(jnp.float32) / (den + eps)[..., None]).astype(v.dtype)
-        y, low = y_res
-        dden = -_dot_last(dnum, y if low is None else y.astype(jnp.float32) + low)
+    dy = dy.astype(v.dtype)
+    y, low = y_res if normalize else (None, None)
     if lion_backward_supported(q.shape[-1], v.shape[-1], q.dtype, cfg["chunk"]):
-        dq, dk, dv, dlog_decay = lion_backward(q, k, v, g, dnum, dden, kv_states,
-                                               normalize=normalize, chunk=cfg["chunk"],
-                                               interpret=cfg["interpret"],
+        dq, dk, dv, dlog_decay = lion_backward(q, k, v, g, dy, kv_states, y=y, y_low=low,
+                                               den=den, normalize=normalize, eps=eps,
+                                               chunk=cfg["chunk"], interpret=cfg["interpret"],
                                                backend=cfg["backend"])
         return dq, dk, dv, dlog_decay.astype(g.dtype)
+    dnum, dq_in, v_in = dy, dy, v
     if normalize:  # larger head dims: three fused scans, [dnum | dden] against [v | 1]
+        dnum = (dy.astype(jnp.float32) / (den + eps)[..., None]).astype(v.dtype)
+        dden = -_dot_last(dnum, to_float32(y, low))
         dq_in = jnp.concatenate([dnum, dden[..., None].astype(v.dtype)], axis=-1)
         v_in = jnp.concatenate([v, jnp.ones(v.shape[:3] + (1,), v.dtype)], axis=-1)
     dq, r_q = scan(dq_in, v_in, k, g, q, out_dtype=q.dtype)

@@ -392,7 +392,7 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
 
 def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_kernel=True,
                         stages=None, group=1, interpret=None, with_z=False, z_weights=None,
-                        z_method=None):
+                        key_scale=None, z_method=None):
     """The state entering each chunk in the scan's direction, and the final state.
 
     Args:
@@ -421,6 +421,8 @@ def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_k
         in float32, the row sums as ``z_method`` says.
       z_weights: None (u = 1) or ``[B, L, H]`` float32, the ``u`` of ``z`` (TMA-loaded per
         step like w).
+      key_scale: None or ``[B, L, H]``: scales the keys, folded into w (as
+        ``two_pass.chunk_states``).
       z_method: how with_z sums the rows; None: :func:`pick_z_method`.
         "mma": one more wgmma per step, ``kd^T U`` with U a ``[group * C, ZN]`` tile of u
         (two columns per chunk, see ``_walk_kernel``): z sums the same keys
@@ -445,7 +447,7 @@ def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_k
     if z_weights is not None and not with_z:
         raise ValueError("z_weights needs with_z=True")
     directions = walk_directions(reverse)
-    w, d = stacked_decay_factors(g, chunk, directions)
+    w, d = stacked_decay_factors(g, chunk, directions, key_scale)
     if not scale_in_kernel:
         if len(directions) == 2:
             raise ValueError("scale_in_kernel=False walks one direction at a time")

@@ -234,7 +234,7 @@ def walk_backend(k, v, *, chunk, bv, backend, interpret, with_z=False):
 
 
 def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_stages=None,
-                 splits=None, with_z=False, z_weights=None, backend=None):
+                 splits=None, with_z=False, z_weights=None, key_scale=None, backend=None):
     """The state entering each chunk in the scan's direction, and the final state.
 
     Args:
@@ -250,6 +250,8 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
       with_z: also carry ``z = sum_j decay_j u_j k_j``, starting from zero: with ``u = 1`` the
         state of a ones column of v (LION's normaliser).
       z_weights: None (u = 1) or ``[B, L, H]``, the ``u`` of ``z`` (both directions alike).
+      key_scale: None or ``[B, L, H]``: the states (and z) of ``(k * key_scale, v)``, the scale
+        folded into the key factors (each product rounded to k's dtype once).
       backend: the walk's kernel, see :func:`walk_backend` (None: Mosaic GPU on Hopper where
         it applies, else Triton).
     Returns:
@@ -269,8 +271,9 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
     if backend == "mosaic":
         return chunk_states_mosaic(k, v, g, s0, chunk=chunk, bv=bv, reverse=reverse,
                                    splits=splits, with_z=with_z, z_weights=z_weights,
+                                   key_scale=key_scale,
                                    interpret=plgpu.InterpretGPUParams() if interpret else None)
-    w, d = stacked_decay_factors(g, chunk, directions)
+    w, d = stacked_decay_factors(g, chunk, directions, key_scale)
     u = None if z_weights is None else jnp.swapaxes(z_weights, 1, 2).astype(jnp.float32)
     params = pltriton.CompilerParams(num_warps=STATES_WARPS,
                                      num_stages=num_stages or states_stages(k.shape[-1], bv))

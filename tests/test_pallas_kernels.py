@@ -257,27 +257,34 @@ def test_mosaic_backend(rng, op, L, K, V, decay, flag):
                 jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names])
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_lion_backward_one_or_two_kernels(rng, normalize):
+def test_lion_backward_one_or_two_kernels(rng, normalize, dtype):
     """The fused LION backward as one kernel and as a dq and a dk/dv kernel agree, with the
-    forward's states kept or recomputed."""
+    forward's states kept or recomputed (normalised: from the forward's y, y's low part for
+    16-bit y, and den)."""
     from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
     B, L, H, K, V, chunk = 2, 48, 2, 32, 16, 16
-    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "strong", positive=True)
-    dnum = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.float32)
-    dden = jnp.asarray(rng.standard_normal((B, L, H)), jnp.float32) if normalize else None
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, dtype, "strong", positive=True)
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
+    forward = {}
+    if normalize:
+        low = dtype != jnp.float32
+        y, *rest = bidirectional_scan(q, k, v, g, normalize=True, chunk=chunk, low_part=low,
+                                      interpret=not ON_GPU)
+        forward = dict(y=y, y_low=rest[0] if low else None, den=rest[-1])
     kv = bidirectional_scan(q, k, v, g, normalize=normalize, chunk=chunk,
                             interpret=not ON_GPU, return_states=True)[-1]
 
     def run(one, states):
-        return lion_backward(q, k, v, g, dnum, dden, states, normalize=normalize, chunk=chunk,
-                             interpret=not ON_GPU, one_kernel=one)
+        return lion_backward(q, k, v, g, dy, states, normalize=normalize, chunk=chunk,
+                             interpret=not ON_GPU, one_kernel=one, **forward)
     want = run(True, None)
     for one, states in ((False, None), (True, kv), (False, kv)):
         for name, a, b in zip(["dq", "dk", "dv", "dlog_decay"], run(one, states), want):
             err = rel_err(a, b)
             print(f"{name} (one_kernel={one}, kept={states is not None}): rel err {err:.2e}")
-            assert err <= TOL[jnp.float32], f"{name}: {err}"
+            assert err <= TOL[dtype], f"{name}: {err}"
 
 
 def test_causal_backward_states_kept_or_recomputed(rng):
