@@ -40,9 +40,12 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def reference(k, v, g, s0, chunk, reverse):
-    """float64 walk: ``h [B, H, N, Kp, Vp]``, final ``[B, H, Kp, Vp]``."""
+def reference(k, v, g, s0, chunk, reverse, key_scale=None):
+    """float64 walk: ``h [B, H, N, Kp, Vp]``, final ``[B, H, Kp, Vp]``; key_scale: None or
+    ``[B, L, H]``, folded into the key factors as the kernels fold it."""
     w, d = decay_factors(g, chunk, reverse=reverse)
+    if key_scale is not None:
+        w = w * jnp.swapaxes(key_scale, 1, 2)
     kd = (k.astype(jnp.float32) * jnp.swapaxes(w, 1, 2)[..., None]).astype(k.dtype)
     kd, v, d = (np.asarray(x, np.float64) for x in (kd, v, d))
     B, L, H, kp = kd.shape
@@ -202,6 +205,27 @@ def test_both_directions_in_one_launch(rng, backend, with_z, weighted, splits, w
             assert a.shape[1:] == b.shape and a.dtype == b.dtype, name
             assert rel_err(a[e], b) <= 1e-6, (name, reverse, rel_err(a[e], b))
         assert rel_err(both[0][e], h_ref) <= H_TOL and rel_err(both[-1][e], final_ref) <= FINAL_TOL
+
+
+@pytest.mark.parametrize("backend", ["triton", "mosaic"])
+def test_key_scale(rng, backend):
+    """``key_scale`` (LION's backward: ``1 / (den + eps)``) scales every key row of the walk:
+    h, the final state and the weighted z, both directions in one launch, two V-blocks."""
+    B, L, H, chunk, kp, vp, bv = 1, 256, 2, 64, 64, 128, 64
+    k, v, g, _ = make_inputs(rng, B, L, H, kp, vp, jnp.bfloat16, False)
+    scale = jnp.asarray(np.exp(rng.uniform(np.log(1e-2), np.log(1e2), (B, L, H))), jnp.float32)
+    u = jnp.asarray(rng.standard_normal((B, L, H)), jnp.float32)
+    h, hz, final = two_pass.chunk_states(k, v, g, None, chunk=chunk, bv=bv, reverse=BOTH,
+                                         precision=None, interpret=not ON_GPU, splits=1,
+                                         with_z=True, z_weights=u, key_scale=scale,
+                                         backend=backend)
+    for e, reverse in enumerate(BOTH):
+        h_ref, final_ref = reference(k, v, g, None, chunk, reverse, key_scale=scale)
+        hz_ref = reference_z(k, g, u * scale, chunk, reverse, 1)
+        errs = {"h": rel_err(h[e], h_ref), "final": rel_err(final[e], final_ref),
+                "hz": max(rel_err(hz[e, :, :, j], hz_ref) for j in range(vp // bv))}
+        print(reverse, errs)
+        assert errs["h"] <= H_TOL and errs["final"] <= FINAL_TOL and errs["hz"] <= Z_TOL, errs
 
 
 @pytest.mark.parametrize("reverse", [False, True])

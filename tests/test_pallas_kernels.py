@@ -419,3 +419,18 @@ def test_long_sequence_strongest_decay_is_finite(rng, bidirectional, per_feature
     assert np.isfinite(float(y))
     for x in grads:
         assert np.all(np.isfinite(np.asarray(x, np.float32)))
+
+
+def test_profile_kernels_errors(monkeypatch, capsys):
+    """experiments.profile_kernels names unknown ops and, without a GPU, says it needs one
+    instead of failing inside torch."""
+    from experiments import profile_kernels
+    monkeypatch.setattr("sys.argv", ["profile_kernels", "--ops", "lion,flash"])
+    with pytest.raises(SystemExit):
+        profile_kernels.main()
+    assert "unknown --ops ['flash']" in capsys.readouterr().err
+    if ON_GPU:
+        return
+    monkeypatch.setattr("sys.argv", ["profile_kernels", "--ops", "lion"])
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        profile_kernels.main()

@@ -1,0 +1,84 @@
+"""Per-kernel GPU times of our ops' forward + backward, to see where the time goes.
+
+    python -m experiments.profile_kernels [--lengths 16384] [--dims 128,64] [--ops causal,lion]
+        [--reps 5]
+
+For each op (``causal``: ``pallas_kernels.causal_linear_attention``, ``lion``:
+``pallas_kernels.bidirectional_linear_attention``, normalised; per-token decay, bf16, B = 4,
+H = 16, the inputs of ``experiments.bench_kernels``) it jits forward + backward (output kept
+live), times it as ``bench_kernels`` does, then runs it ``--reps`` times under
+``torch.profiler``, whose CUPTI tracing records every CUDA kernel of the process, JAX's
+included, and prints each kernel's time per call, largest first: the Pallas kernels by name
+(``chunk_outputs``, ``causal_backward``, ``bidirectional_outputs``, ``lion_backward_*``; the
+Mosaic GPU states walks as ``anonymous_mosaic_gpu_kernel``) and XLA's fusions by theirs. Needs
+a GPU and torch.
+"""
+
+import argparse
+import collections
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory for torch
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import pallas_kernels  # noqa: E402
+from experiments.bench_kernels import inputs, time_jax  # noqa: E402
+
+OPS = {"causal": pallas_kernels.causal_linear_attention,
+       "lion": pallas_kernels.bidirectional_linear_attention}
+
+
+def kernel_times(fn, args, reps):
+    """``{kernel name: (ms per call, launches per call)}`` of ``reps`` calls of jitted fn."""
+    import torch
+    jax.block_until_ready(fn(*args))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        jax.block_until_ready([fn(*args) for _ in range(reps)])
+    total, count = collections.defaultdict(float), collections.Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            total[event.name] += event.device_time_total
+            count[event.name] += 1
+    return {name: (us / reps / 1e3, count[name] // reps) for name, us in total.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", default="16384")
+    parser.add_argument("--dims", default="128,64")
+    parser.add_argument("--ops", default="causal,lion")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    args = parser.parse_args()
+    unknown = set(args.ops.split(",")) - set(OPS)
+    if unknown:
+        parser.error(f"unknown --ops {sorted(unknown)}; choose from {sorted(OPS)}")
+    if jax.default_backend() != "gpu":
+        raise SystemExit("profile_kernels needs a GPU (CUDA kernels are what it times)")
+    rng = np.random.default_rng(0)
+    print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, B={args.batch} "
+          f"H={args.heads}, bf16; per-kernel ms per fwd+bwd call (torch.profiler / CUPTI)")
+    for L in (int(x) for x in args.lengths.split(",")):
+        for D in (int(x) for x in args.dims.split(",")):
+            q, k, v, dy, g = inputs(args.batch, L, args.heads, D, rng)
+            q, k, v, dy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
+            g = jnp.asarray(g)
+            for name in args.ops.split(","):
+                def fwd_bwd(q, k, v, g, op=OPS[name]):
+                    out, vjp = jax.vjp(op, q, k, v, g)
+                    return out, vjp(dy)
+                ms, _ = time_jax(fwd_bwd, (q, k, v, g), 10)
+                times = kernel_times(jax.jit(fwd_bwd), (q, k, v, g), args.reps)
+                kernels = sum(t for t, _ in times.values())
+                print(f"== {name} L={L} D={D}: {ms:.3f} ms per call timed, {kernels:.3f} ms "
+                      f"in kernels", flush=True)
+                for kernel, (t, n) in sorted(times.items(), key=lambda item: -item[1][0]):
+                    print(f"   {t:8.3f} ms  x{n}  {kernel[:100]}")
+
+
+if __name__ == "__main__":
+    main()
