@@ -321,11 +321,10 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
     ``r = 1 / (den + eps)`` and ``u = -(dy . y)``. The kernels take dy, r and u and scale rows
     by r (the (q, dnum) walk folds r into its key factors), so no XLA pass writes dnum (H100,
     B4 H16 L = 16K, D = 128: the pass computing u took 0.27 ms, the one writing dnum and dden
-    0.35), and ``G_ij = r_i dy_i . (v_j - y_i)``
-    keeps its zero mean under the weights to float32 rounding: dq and dk are sums that cancel,
-    so u takes y to float32 precision (``y + y_low`` for 16-bit y: bf16, L = 100, dq's relative
-    RMS error was 1.95e-2 with y in bf16, 4.95e-3 to float32 precision,
-    ``experiments.kernel_precision``). Then:
+    0.35), and ``G_ij = r_i dy_i . (v_j - y_i)`` keeps its zero mean under the weights to
+    float32 rounding: dq and dk are sums that cancel, so u takes y to float32 precision
+    (``y + y_low`` for 16-bit y: bf16, L = 100, dq's relative RMS error was 1.95e-2 with y in
+    bf16, 4.95e-3 to float32 precision, ``experiments.kernel_precision``). Then:
     ``dq_i = sum_j G_ij M_ij k_j``, ``dk_j = sum_i G_ij M_ij q_i``,
     ``dv_j = sum_i s_ij M_ij dnum_i`` and ``dlog_decay_t`` the sum of ``G_ij w_ij`` over the
     pairs whose decay spans t (``min(i, j) < t <= max(i, j)``; ``chunk_scan.crossing_sums``
