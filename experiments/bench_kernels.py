@@ -244,7 +244,9 @@ def sweep(B, L, H, dims, reps, rng):
     from pallas_kernels.two_pass import chunk_scan_two_pass, chunk_states
     print(f"sweep: two-pass stages, B={B} L={L} H={H} bf16 (ms)")
     walk = functools.partial(chunk_states, s0=None, chunk=64, precision=None, interpret=False)
-    stages = {  # label: fn(q, k, v, dy, g, state, den, causal states, LION states)
+    # label: fn(q, k, v, dy, g, state, den, causal states, LION states); the LION backward
+    # stages take v as a stand-in for the forward's y and its low part (same shapes and cost)
+    stages = {
         "states walk (bv=64)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64, reverse=False),
         "states walk with z (bv=64)": lambda q, k, v, dy, g, *_: walk(k, v, g, bv=64,
                                                                       with_z=True, reverse=False),
