@@ -138,7 +138,7 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
       splits, backend: the states walks' runs and kernel (see ``two_pass.chunk_states``).
       return_states: also return the states of ``(k, v)`` for :func:`lion_backward`: the tuple
         ``(h,)`` (``[2, B, H, N, Kp, Vp]``, forward then reverse, input dtype, tile layout)
-        or, if normalize, ``(h, z)`` (z ``[2, B, H, V-blocks, N, Kp]`` float32).
+        or, if normalize, ``(h, z)`` (z ``[2, B, H, N, Kp]`` float32).
     Returns:
       ``o [B, L, H, V]``, then its low part if low_part, then ``den [B, L, H]`` float32 if
       normalize, then ``r [B, L, H]`` float32 if partner is given, then the states if
@@ -173,8 +173,8 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
     row_shape = jax.ShapeDtypeStruct((B, nvb, L, H), jnp.float32)
     if normalize:
         args += [states[1], states[1]]
-        in_specs += [pl.BlockSpec((None, None, None, None, None, kp),
-                                  lambda b, h, n, j, e=e: (e, b, h, 0, n, 0)) for e in (0, 1)]
+        in_specs += [pl.BlockSpec((None, None, None, None, kp),
+                                  lambda b, h, n, j, e=e: (e, b, h, n, 0)) for e in (0, 1)]
         out_specs.append(row_spec)
         out_shape.append(row_shape)
     if partner is not None:
@@ -380,8 +380,8 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
     row_spec = pl.BlockSpec((None, chunk, None), lambda b, h, n: (b, n, h))
     h_specs = [pl.BlockSpec((None, None, None, None, kp, vp),
                             lambda b, h, n, e=e: (e, b, h, n, 0, 0)) for e in (0, 1)]
-    z_specs = [pl.BlockSpec((None, None, None, None, None, kp),
-                            lambda b, h, n, e=e: (e, b, h, 0, n, 0)) for e in (0, 1)]
+    z_specs = [pl.BlockSpec((None, None, None, None, kp), lambda b, h, n, e=e: (e, b, h, n, 0))
+               for e in (0, 1)]
     grad_shapes = {"dq": [(q.shape, qk_spec)], "dkv": [(k.shape, qk_spec), (v.shape, v_spec)]}
     grad_shapes["all"] = grad_shapes["dq"] + grad_shapes["dkv"]
 
@@ -414,7 +414,7 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
     # the pairs spanning a whole chunk: keys before it and queries after (the forward (k, v)
     # state against the reverse (q, dnum) state), or the reverse
     pairs = [(kv[0][e], qd[0][1 - e]) for e in (0, 1)]
-    if normalize:  # z [2, B, H, V-blocks, N, Kp]: every V-block holds the same z
-        pairs += [(kv[1][e, :, :, 0], qd[1][1 - e, :, :, 0]) for e in (0, 1)]
+    if normalize:  # z [2, B, H, N, Kp]
+        pairs += [(kv[1][e], qd[1][1 - e]) for e in (0, 1)]
     da = da + through_terms(pairs, g, chunk)
     return dq[..., :K], dk[..., :K], dv[..., :V], da

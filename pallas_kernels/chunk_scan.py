@@ -338,7 +338,7 @@ def walk_in_runs(walk, d, s0, *, reverse, splits, with_z):
 
     ``walk(s0, z0, store=)`` is one launch of a states kernel (Triton or Mosaic GPU) over every
     direction and run, its results with a leading direction axis: ``[h, hz,] ends[, zends]``
-    (``ends [D, B, H, R, Kp, Vp]``, ``zends [D, B, H, V-blocks, R, Kp]``). With ``splits > 1`` a
+    (``ends [D, B, H, R, Kp, Vp]``, ``zends [D, B, H, R, Kp]``). With ``splits > 1`` a
     first launch walks each run from zero keeping only its end state, :func:`entering_states`
     gives the state entering each run, and the second launch walks the runs again from those.
     ``d [D, B, H, N]``: the chunk decay factors; ``s0`` None or the state before the first
@@ -360,7 +360,7 @@ def walk_in_runs(walk, d, s0, *, reverse, splits, with_z):
         ends, *zends = walk(None, None, store=False)
         s0 = entering(ends, s0)
         if with_z:
-            z0 = entering(zends[0][:, :, :, 0], None)
+            z0 = entering(zends[0], None)
     elif s0 is not None:
         s0 = s0[:, :, :, None]
     outs = walk(s0, z0, store=True)

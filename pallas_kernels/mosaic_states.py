@@ -30,6 +30,11 @@ a float32 cross-warp reduction of ``k * w * u`` in registers (``z_method="reduce
 rounding of k * w, but slower). Measured on an H200 (same bench, ``--with-z``, one run):
 64 x 64 0.24 ms with z (0.30 weighted) against 0.20 without and 0.54 (0.63) for Triton with
 z; 128 x 64 0.35 (0.43) against 0.30 and 0.78 (0.85); "reduce" 0.37-0.38 and 0.73-0.74 ms.
+With several V-blocks the "mma" z is split by rows among them (:func:`z_parts`): at D = 128
+(Kp = 128, two V-blocks of 64) each walks a 64-row half, which took the wgmma's accumulator from
+252 to 217 registers; LION's two-way walks (H200, B4 H16 L = 16K) took 0.82 ms with all of z
+in one V-block and take 0.69 split, against 0.68-0.71 without z; weighted, with key scales,
+0.89 -> 0.78 ms (docs/benchmarks.md, session 8).
 A 128 x 128 state with z spills registers: 1.49 (1.68) ms against 0.59 without and 1.15
 (1.50) for Triton, so walk such states in V-blocks of 64.
 
@@ -38,6 +43,7 @@ inputs use the Triton kernel of ``two_pass.py``.
 """
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -82,6 +88,13 @@ def supported(k, v, chunk, bv):
 Z_METHODS = ("mma", "reduce")
 
 
+def z_parts(kp, nvb):
+    """with_z, "mma": the V-blocks that share z's wgmma and row sums, each ``Kp / parts`` rows
+    (whole 64-row wgmma tiles): the most ``parts <= nvb`` that split Kp so. The work is
+    spread instead of piled on one V-block; the V-blocks from ``parts`` on skip z."""
+    return max(p for p in range(1, nvb + 1) if kp % (64 * p) == 0)
+
+
 def pick_z_method(dtype, weighted):
     """The default ``z_method`` (see :func:`chunk_states_mosaic`): "mma", but "reduce" for fp16
     with weights (whose u could overflow or underflow fp16 in the U tile)."""
@@ -120,8 +133,8 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     w ``[D, B, H, L]`` float32 or None, d ``[D, B, H, Np / D_ROW, D_ROW]`` (zero-padded), u
     ``[B, H, L]`` float32 z weights or None (ones), s0 ``[D, B, H, R, Kp, Vp]`` or None, z0
     ``[D, B, H, R, Kp]`` or None; outputs: h ``[D, B, H, N, Kp, Vp]`` (when ``store``), hz
-    ``[D, B, H, V-blocks, N, Kp]`` (``store`` and ``with_z``), ends ``[D, B, H, R, Kp, Vp]``,
-    zends ``[D, B, H, V-blocks, R, Kp]`` (``with_z``); scratch: d_smem ``[Np / D_ROW, D_ROW]``
+    ``[D, B, H, N, Kp]`` (``store`` and ``with_z``), ends ``[D, B, H, R, Kp, Vp]``,
+    zends ``[D, B, H, R, Kp]`` (``with_z``); scratch: d_smem ``[Np / D_ROW, D_ROW]``
     float32 and its barrier. ``D = len(directions)``: one direction (static) or ``BOTH``, the
     direction then picked by e. The s0 / end-state buffers, the h (and z) buffers and the
     pipeline's buffers are scoped one after the other (their shared memory is reused).
@@ -133,7 +146,8 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     columns 0; u None: ones in column 2 g, written once), chunk g's update the row sums of
     those two accumulator columns, z in the layout of row sums; "reduce" the column sums of
     the float32 ``k * w * u`` tile in registers (a cross-warp reduction) before ``k * w`` is
-    rounded for the wgmma of h.
+    rounded for the wgmma of h. Only V-block 0 stores z, and with "mma" only it runs the z
+    wgmma and writes U (the other V-blocks' z stays zero).
     """
     refs = list(refs)
     h_ref = refs.pop(0) if store else None
@@ -147,7 +161,12 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     dtype = k_ref.dtype
     state_smem = plgpu.SMEM((kp, bv), jnp.float32, transforms=_TILE32)
     mma_z = with_z and z_method == "mma"
-    # z [Kp]: row sums of a [Kp, ZN] accumulator (mma) or column sums of a [C, Kp] tile
+    # with_z: V-block p < zparts walks and stores z's rows p * zk ... (p + 1) * zk - 1
+    zparts = z_parts(kp, v_ref.shape[-1] // bv) if mma_z else 1
+    zk = kp // zparts
+    z_part = j < zparts
+    z_cols = pl.ds(jnp.minimum(j, zparts - 1) * zk, zk)
+    # z [zk]: row sums of a [zk, ZN] accumulator (mma) or column sums of a [C, Kp] tile
     z_layout = plgpu.Layout.WGMMA.reduce(1 if mma_z else 0)
 
     plgpu.copy_gmem_to_smem(d_ref.at[e, b, hd], d_smem, bar.at[0])
@@ -162,14 +181,14 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
         state = pl.run_scoped(load_s0, state_smem, plgpu.Barrier(num_barriers=1))
     z = None
     if with_z and z0_ref is None:
-        z = plgpu.layout_cast(jnp.zeros((kp,), jnp.float32), z_layout)
+        z = plgpu.layout_cast(jnp.zeros((zk,), jnp.float32), z_layout)
     elif with_z:
         def load_z0(z_smem, z_bar):
-            plgpu.copy_gmem_to_smem(z0_ref.at[e, b, hd, r], z_smem, z_bar.at[0])
+            plgpu.copy_gmem_to_smem(z0_ref.at[e, b, hd, r, z_cols], z_smem, z_bar.at[0])
             plgpu.barrier_wait(z_bar.at[0])
             return plgpu.load(z_smem, layout=z_layout)
 
-        z = pl.run_scoped(load_z0, plgpu.SMEM((kp,), jnp.float32),
+        z = pl.run_scoped(load_z0, plgpu.SMEM((zk,), jnp.float32),
                           plgpu.Barrier(num_barriers=1))
     plgpu.barrier_wait(bar.at[0])
 
@@ -202,7 +221,7 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
         """The z update of each chunk of the block: the row sums of its two columns."""
         if group == 1:  # the other columns are zero
             return [jnp.sum(acc, axis=1)]
-        col = columns(kp, ZN)
+        col = columns(zk, ZN)
         return [jnp.sum(jnp.where((col == 2 * g) | (col == 2 * g + 1), acc, 0.0), axis=1)
                 for g in range(group)]
 
@@ -236,9 +255,11 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
                 k = plgpu.load(k_s, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
                 k_s[...] = (k * lax.broadcast_in_dim(w, k.shape, [0])).astype(dtype)
             if mma_z and u_s is not None:
-                for g in range(group):
-                    u_tile[rows(g)] = u_columns(g, plgpu.load(u_s.at[rows(g)],
-                                                              layout=row_layout))
+                @pl.when(z_part)
+                def _():
+                    for g in range(group):
+                        u_tile[rows(g)] = u_columns(g, plgpu.load(u_s.at[rows(g)],
+                                                                  layout=row_layout))
             if w_s is not None or (mma_z and u_s is not None):
                 plgpu.commit_smem()  # visible to the wgmmas
             if store:
@@ -250,8 +271,11 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
                 acc_refs, z_refs = acc_refs[:group], acc_refs[group:]
                 for acc_ref, g in zip(acc_refs, order):
                     plgpu.wgmma(acc_ref, k_s.at[rows(g)].transpose((1, 0)), v_s.at[rows(g)])
-                for z_ref in z_refs:  # one wgmma: chunk g's z update in columns 2 g, 2 g + 1
-                    plgpu.wgmma(z_ref, k_s.transpose((1, 0)), u_tile)
+                for z_ref, p in itertools.product(z_refs, range(zparts)):
+                    @pl.when(j == p)  # one wgmma: chunk g's z update in columns 2 g, 2 g + 1
+                    def _():
+                        keys = k_s.at[:, pl.ds(p * zk, zk)] if zparts > 1 else k_s
+                        plgpu.wgmma(z_ref, keys.transpose((1, 0)), u_tile)
                 if store:
                     h_s[order[0]] = state.astype(dtype)  # overlaps the wgmmas
                 return ([acc_ref[...] for acc_ref in acc_refs],
@@ -259,7 +283,7 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
 
             accs = [plgpu.ACC((kp, bv), jnp.float32)] * group
             if mma_z:
-                accs.append(plgpu.ACC((kp, ZN), jnp.float32))
+                accs.append(plgpu.ACC((zk, ZN), jnp.float32))
             updates, mma_z_updates = pl.run_scoped(mma, *accs)
             if mma_z:
                 z_updates = mma_z_updates
@@ -278,9 +302,11 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
                     plgpu.copy_smem_to_gmem(h_s.at[g], h_ref.at[e, b, hd, first + g, :, cols],
                                             commit_group=False)
                 if with_z:
-                    plgpu.copy_smem_to_gmem(z_smem.at[slot],
-                                            hz_ref.at[e, b, hd, j, pl.ds(first, group)],
-                                            commit_group=False)
+                    @pl.when(z_part)
+                    def _():
+                        plgpu.copy_smem_to_gmem(z_smem.at[slot],
+                                                hz_ref.at[e, b, hd, pl.ds(first, group), z_cols],
+                                                commit_group=False)
                 plgpu.commit_smem_to_gmem_group()
             return state, z
 
@@ -303,7 +329,7 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     if store:
         scratch["h_smem"] = plgpu.SMEM((2, group, kp, bv), dtype, transforms=_TILE16)
         if with_z:
-            scratch["z_smem"] = plgpu.SMEM((2, group, kp), jnp.float32)
+            scratch["z_smem"] = plgpu.SMEM((2, group, zk), jnp.float32)
     if mma_z:
         scratch["u_tile"] = plgpu.SMEM((group * chunk, ZN), dtype, transforms=_TILE16)
     state, z = pl.run_scoped(lambda **refs: walk(**refs), **scratch) if scratch else walk()
@@ -315,10 +341,12 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(s_smem, end_ref.at[e, b, hd, r, :, cols])
         if with_z:
-            plgpu.copy_smem_to_gmem(z_smem, zend_ref.at[e, b, hd, j, r])
+            @pl.when(z_part)
+            def _():
+                plgpu.copy_smem_to_gmem(z_smem, zend_ref.at[e, b, hd, r, z_cols])
         plgpu.wait_smem_to_gmem(0)
 
-    pl.run_scoped(store_end, state_smem, *([plgpu.SMEM((kp,), jnp.float32)] if with_z else []))
+    pl.run_scoped(store_end, state_smem, *([plgpu.SMEM((zk,), jnp.float32)] if with_z else []))
 
 
 def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), splits=1,
@@ -340,8 +368,8 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
     Returns:
       ``[h [D, B, H, N, Kp, Vp] k.dtype,] ends [D, B, H, splits, Kp, Vp] float32`` (h when
       ``store``): the state entering every chunk and the state each run ends with; with_z
-      ``[h, hz,] ends, zends`` with ``hz [D, B, H, V-blocks, N, Kp]`` and
-      ``zends [D, B, H, V-blocks, splits, Kp]`` float32 (every V-block holds the same z).
+      ``[h, hz,] ends, zends`` with ``hz [D, B, H, N, Kp]`` and ``zends [D, B, H, splits, Kp]``
+      float32 (walked and stored by V-block 0 only).
     """
     if (reason := supported(k, v, chunk, bv)) is not None:
         raise ValueError(reason)
@@ -357,7 +385,7 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
         raise ValueError("both directions in one launch need group=1 and the key factors w")
     B, L, H, kp = k.shape
     vp = v.shape[-1]
-    N, nvb, D = L // chunk, vp // bv, len(directions)
+    N, D = L // chunk, len(directions)
     if N % (splits * group):
         raise ValueError(f"splits * group must divide the number of chunks {N}; got "
                          f"{splits} * {group}")
@@ -372,11 +400,11 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
                          f"memory (at most {most})")
     out_type = [jax.ShapeDtypeStruct((D, B, H, splits, kp, vp), jnp.float32)]
     if with_z:
-        out_type.append(jax.ShapeDtypeStruct((D, B, H, nvb, splits, kp), jnp.float32))
+        out_type.append(jax.ShapeDtypeStruct((D, B, H, splits, kp), jnp.float32))
     if store:
         out_type[:0] = [jax.ShapeDtypeStruct((D, B, H, N, kp, vp), k.dtype)]
         if with_z:
-            out_type.insert(1, jax.ShapeDtypeStruct((D, B, H, nvb, N, kp), jnp.float32))
+            out_type.insert(1, jax.ShapeDtypeStruct((D, B, H, N, kp), jnp.float32))
     kernel = plgpu.kernel(
         functools.partial(_walk_kernel, chunk=chunk, run=N // splits, group=group, bv=bv,
                           directions=directions, store=store, stages=stages, with_z=with_z,
@@ -384,7 +412,7 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
         out_type=tuple(out_type),
         scratch_types=(plgpu.SMEM((n_pad // D_ROW, D_ROW), jnp.float32),
                        plgpu.Barrier(num_barriers=1)),
-        grid=(D, B, H, nvb, splits), grid_names=tuple("ebhjr"),
+        grid=(D, B, H, vp // bv, splits), grid_names=tuple("ebhjr"),
         interpret=interpret,
     )
     return list(kernel(k, v, w, d, u, s0, z0))
@@ -439,8 +467,7 @@ def chunk_states_mosaic(k, v, g, s0, *, chunk, bv, reverse, splits=1, scale_in_k
     Returns:
       ``(h [B, H, N, Kp, Vp] k.dtype, final [B, H, Kp, Vp] float32)``, as
       ``two_pass.chunk_states(..., splits=splits)``; with_z
-      ``(h, hz [B, H, V-blocks, N, Kp] float32, final)``, hz the z entering each chunk (every
-      V-block computes and holds the same z).
+      ``(h, hz [B, H, N, Kp] float32, final)``, hz the z entering each chunk.
     """
     if (reason := supported(k, v, chunk, bv)) is not None:
         raise ValueError(reason)

@@ -118,6 +118,7 @@ def _states_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *out_refs,
     end_ref = out_refs.pop(0)
     zend_ref = out_refs.pop(0) if with_z else None
     first = pl.program_id(4) * run
+    z_block = pl.program_id(3) == 0  # every V-block walks z, V-block 0 stores it
     chunk_of = chunk_index(directions, 0)
 
     def body(step, carry):
@@ -126,7 +127,9 @@ def _states_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *out_refs,
         if store:
             h_ref[n] = state.astype(h_ref.dtype)
             if with_z:
-                hz_ref[n] = z
+                @pl.when(z_block)
+                def _():
+                    hz_ref[n] = z
         sl = pl.ds(n * chunk, chunk)
         k = k_ref[sl, :]
         k_dec = (k * w_ref[sl][:, None]).astype(k.dtype)
@@ -146,7 +149,9 @@ def _states_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *out_refs,
     state, z = jax.lax.fori_loop(0, run, body, (state, z))
     end_ref[...] = state
     if with_z:
-        zend_ref[...] = z
+        @pl.when(z_block)
+        def _():
+            zend_ref[...] = z
 
 
 def _states_call(k, v, w, d, u, s0, z0, *, chunk, splits, bv, directions, store, with_z,
@@ -154,11 +159,11 @@ def _states_call(k, v, w, d, u, s0, z0, *, chunk, splits, bv, directions, store,
     """One launch of the states kernel over ``splits`` runs in each of ``directions`` (the
     leading axis, ``D``, of w ``[D, B, H, L]``, d ``[D, B, H, N]``, s0, z0 and every result);
     returns ``[h, hz,] ends[, zends]`` (h, hz when stored, hz and zends with_z):
-    ``ends [D, B, H, splits, Kp, Vp]``, ``zends [D, B, H, V-blocks, splits, Kp]``,
-    ``h [D, B, H, N, Kp, Vp]`` (k.dtype), ``hz [D, B, H, V-blocks, N, Kp]``, all float32 but h."""
+    ``ends [D, B, H, splits, Kp, Vp]``, ``zends [D, B, H, splits, Kp]``,
+    ``h [D, B, H, N, Kp, Vp]`` (k.dtype), ``hz [D, B, H, N, Kp]``, all float32 but h."""
     B, L, H, kp = k.shape
     vp = v.shape[-1]
-    N, nvb, D = L // chunk, vp // bv, len(directions)
+    N, D = L // chunk, len(directions)
     run_spec = pl.BlockSpec((None, None, None, None, kp, bv),
                             lambda e, b, h, j, r: (e, b, h, r, 0, j))
     z_run_spec = pl.BlockSpec((None, None, None, None, kp), lambda e, b, h, j, r: (e, b, h, r, 0))
@@ -173,17 +178,16 @@ def _states_call(k, v, w, d, u, s0, z0, *, chunk, splits, bv, directions, store,
         out(pl.BlockSpec((None, None, None, N, kp, bv), lambda e, b, h, j, r: (e, b, h, 0, 0, j)),
             (D, B, H, N, kp, vp), k.dtype)
         if with_z:
-            out(pl.BlockSpec((None, None, None, None, N, kp),
-                             lambda e, b, h, j, r: (e, b, h, j, 0, 0)), (D, B, H, nvb, N, kp))
+            out(pl.BlockSpec((None, None, None, N, kp), lambda e, b, h, j, r: (e, b, h, 0, 0)),
+                (D, B, H, N, kp))
     out(run_spec, (D, B, H, splits, kp, vp))
     if with_z:
-        out(pl.BlockSpec((None, None, None, None, None, kp),
-                         lambda e, b, h, j, r: (e, b, h, j, r, 0)), (D, B, H, nvb, splits, kp))
+        out(z_run_spec, (D, B, H, splits, kp))
     name = "chunk_states" + {(False,): "", (True,): "_reverse"}.get(tuple(directions), "_both")
     return pl.pallas_call(
         functools.partial(_states_kernel, chunk=chunk, run=N // splits, directions=directions,
                           precision=precision, store=store, with_z=with_z),
-        grid=(D, B, H, nvb, splits),
+        grid=(D, B, H, vp // bv, splits),
         in_specs=[pl.BlockSpec((None, L, None, kp), lambda e, b, h, j, r: (b, 0, h, 0)),
                   pl.BlockSpec((None, L, None, bv), lambda e, b, h, j, r: (b, 0, h, j)),
                   token_spec,
@@ -256,7 +260,7 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
         it applies, else Triton).
     Returns:
       ``(h [B, H, N, Kp, Vp] k.dtype, final [B, H, Kp, Vp] float32)``; with_z
-      ``(h, z [B, H, V-blocks, N, Kp] float32, final)`` (every V-block holds the same z).
+      ``(h, z [B, H, N, Kp] float32, final)``.
     """
     B, L, H, _ = k.shape
     N = L // chunk

@@ -9,6 +9,8 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if os.environ.get("LION_TEST_GPU") != "1":  # on the GPU machine: LION_TEST_GPU=1 pytest ...
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+else:  # pytest -n workers share the GPU: none may take 75% of its memory up front
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
