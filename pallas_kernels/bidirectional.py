@@ -273,7 +273,10 @@ def _grads_kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, *refs, normalize, precisio
         dv = dot((weights * r if normalize else weights).astype(dtype), dy, trans_a=True)
         dv = dv + dot(k, dhb_ref[...]) * et  # queries after the chunk
         dv_ref[...] = (dv + dot(k, dhf_ref[...]) * eh).astype(dtype)  # and before it
-    # the cotangent of the weights times the mask: in two 16-bit parts when normalised
+    # the cotangent of the weights times the mask, rounded; dq's in two 16-bit parts when
+    # normalised: its sum over keys cancels (G has zero mean under the weights of each query),
+    # dk's over queries does not (bf16, L = 100: dk 1.9e-3 with two parts, 2.5e-3 with one,
+    # as causal's 2.4e-3; experiments.kernel_precision, docs/benchmarks.md session 8)
     grad = grad * mask
     gws = _two_parts(grad, dtype) if normalize and dtype != f32 else (grad.astype(dtype),)
     if want_dq:
@@ -291,7 +294,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, *refs, normalize, precisio
         before = before + jnp.sum(q.astype(f32) * from_after, axis=1)
         dq_ref[...] = (dq + from_after).astype(dtype)
     if want_dkv:
-        dk = sum(dot(gw, q, trans_a=True) for gw in gws)
+        dk = dot(gws[0], q, trans_a=True)
         later = dot(v, dhb_ref[...], trans_b=True)  # queries after the chunk (causal for k)
         if normalize:
             later = later + dzb_ref[...][None, :]
@@ -334,7 +337,7 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
     states of ``(q, dnum)`` with the z weighted by dden (both ways), then one kernel per chunk
     reading every input once (eleven matmuls) or, for larger head dims, two (a dq kernel and a
     dk, dv kernel, both computing ``dnum V^T``: twelve matmuls, fewer tiles held at once).
-    Normalised with 16-bit inputs, dq's and dk's intra-chunk matmuls take two parts each.
+    Normalised with 16-bit inputs, dq's intra-chunk matmul takes two parts (one matmul more).
 
     Args:
       q, k: ``[B, L, H, K]``; v, dy: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
