@@ -1,7 +1,7 @@
 """Per-kernel GPU times of our ops' forward + backward, to see where the time goes.
 
     python -m experiments.profile_kernels [--lengths 16384] [--dims 128,64] [--ops causal,lion]
-        [--reps 5]
+        [--reps 5] [--settings]
 
 For each op (``causal``: ``pallas_kernels.causal_linear_attention``, ``lion``:
 ``pallas_kernels.bidirectional_linear_attention``, normalised; per-token decay, bf16, B = 4,
@@ -12,10 +12,16 @@ included, and prints each kernel's time per call, largest first: the Pallas kern
 (``chunk_outputs``, ``causal_backward``, ``bidirectional_outputs``, ``lion_backward_*``; the
 Mosaic GPU states walks as ``anonymous_mosaic_gpu_kernel``) and XLA's fusions by theirs. Needs
 a GPU and torch.
+
+``--settings`` instead times the Triton output and gradients kernels of both ops under each
+launch setting (``num_warps`` 4 / 8, ``num_stages`` 1-3, output ``block_v`` 64 / 128; LION's
+backward as its dq and dk, dv kernels, or one kernel where the head dim allows), the kernels'
+own times only: the sweep behind the defaults of ``pallas_kernels.two_pass`` on this device.
 """
 
 import argparse
 import collections
+import itertools
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory for torch
@@ -26,6 +32,10 @@ import numpy as np  # noqa: E402
 
 import pallas_kernels  # noqa: E402
 from experiments.bench_kernels import inputs, time_jax  # noqa: E402
+from pallas_kernels.bidirectional import (MAX_ONE_KERNEL_DIM, bidirectional_scan,  # noqa: E402
+                                          lion_backward)
+from pallas_kernels.causal_backward import causal_backward  # noqa: E402
+from pallas_kernels.two_pass import chunk_scan_two_pass  # noqa: E402
 
 OPS = {"causal": pallas_kernels.causal_linear_attention,
        "lion": pallas_kernels.bidirectional_linear_attention}
@@ -45,6 +55,48 @@ def kernel_times(fn, args, reps):
     return {name: (us / reps / 1e3, count[name] // reps) for name, us in total.items()}
 
 
+def launch_settings(q, k, v, dy, g, ops, reps):
+    """Prints each Triton output / gradients kernel's time (ms) under every launch setting."""
+    D = q.shape[-1]
+    B, L, H = g.shape
+    y, low, den, lion_states = bidirectional_scan(q, k, v, g, normalize=True, low_part=True,
+                                                  return_states=True)
+    causal_states = chunk_scan_two_pass(q, k, v, g, out_dtype=q.dtype, return_states=True)[-1]
+    zero = jnp.zeros((B, H, D, D), jnp.float32)
+    runs = []  # (op, label, fn of (q, k, v, g, dy), kernel names)
+    for w, st in itertools.product((4, 8), (1, 2, 3)):
+        for one in (False, True) if D <= MAX_ONE_KERNEL_DIM else (False,):
+            runs.append(("lion", f"backward, {'one kernel' if one else 'two kernels'}, "
+                         f"num_warps={w} num_stages={st}",
+                         lambda q, k, v, g, dy, w=w, st=st, one=one: lion_backward(
+                             q, k, v, g, dy, lion_states, y=y, y_low=low, den=den,
+                             normalize=True, one_kernel=one, num_warps=w, num_stages=st),
+                         ["lion_backward_all"] if one else ["lion_backward_dq",
+                                                            "lion_backward_dkv"]))
+        runs.append(("causal", f"backward, num_warps={w} num_stages={st}",
+                     lambda q, k, v, g, dy, w=w, st=st: causal_backward(
+                         q, k, v, g, None, dy, zero, causal_states, num_warps=w,
+                         num_stages=st), ["causal_backward"]))
+    for bv, w, st in itertools.product((64, 128), (4, 8), (1, 2, 3)):
+        label = f"output, block_v={bv} num_warps={w} num_stages={st}"
+        runs.append(("lion", label, lambda q, k, v, g, dy, bv=bv, w=w, st=st:
+                     bidirectional_scan(q, k, v, g, normalize=True, low_part=True, block_v=bv,
+                                        num_warps=w, num_stages=st), ["bidirectional_outputs"]))
+        runs.append(("causal", label, lambda q, k, v, g, dy, bv=bv, w=w, st=st:
+                     chunk_scan_two_pass(q, k, v, g, out_dtype=q.dtype, block_v=bv,
+                                         num_warps=w, num_stages=st), ["chunk_outputs"]))
+    for op, label, fn, names in runs:
+        if op not in ops:
+            continue
+        try:
+            times = kernel_times(jax.jit(fn), (q, k, v, g, dy), reps)
+        except Exception as e:  # a setting the kernel cannot take (shared memory, registers)
+            print(f"   {op} D={D} {label}: failed: {type(e).__name__}: {e}"[:200], flush=True)
+            continue
+        found = "  ".join(f"{name} {times[name][0]:.3f}" for name in names if name in times)
+        print(f"   {op} D={D} {label}: {found}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="16384")
@@ -53,6 +105,8 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--settings", action="store_true",
+                        help="time the output / gradients kernels under each launch setting")
     args = parser.parse_args()
     unknown = set(args.ops.split(",")) - set(OPS)
     if unknown:
@@ -67,6 +121,10 @@ def main():
             q, k, v, dy, g = inputs(args.batch, L, args.heads, D, rng)
             q, k, v, dy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
             g = jnp.asarray(g)
+            if args.settings:
+                print(f"== launch settings, L={L} D={D} (ms per call of each kernel)")
+                launch_settings(q, k, v, dy, g, args.ops.split(","), args.reps)
+                continue
             for name in args.ops.split(","):
                 def fwd_bwd(q, k, v, g, op=OPS[name]):
                     out, vjp = jax.vjp(op, q, k, v, g)

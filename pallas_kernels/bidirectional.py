@@ -204,7 +204,8 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
 MAX_BACKWARD_DIM = 128
 # Above this head dim the backward runs as two kernels (dq; dk and dv), each holding fewer
 # tiles at once; at or below it as one. H100, L = 16K, 4 warps: D = 64 one kernel 1.71 ms,
-# two 1.81; D = 128 one 6.66, two 5.03 (docs/benchmarks.md).
+# two 1.81; D = 128 one 6.66, two 5.03 (docs/benchmarks.md). H200, kernel times alone, D = 64:
+# one 0.93 ms, two 0.42 + 0.68 (profile_kernels --settings, session 8).
 MAX_ONE_KERNEL_DIM = 64
 # The largest [C, max(Kp, Vp)] tile of the fused backward, in bytes: chunk 64 at head dim 128
 # in bf16 (see supported).
