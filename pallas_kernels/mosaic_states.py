@@ -146,8 +146,9 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
     columns 0; u None: ones in column 2 g, written once), chunk g's update the row sums of
     those two accumulator columns, z in the layout of row sums; "reduce" the column sums of
     the float32 ``k * w * u`` tile in registers (a cross-warp reduction) before ``k * w`` is
-    rounded for the wgmma of h. Only V-block 0 stores z, and with "mma" only it runs the z
-    wgmma and writes U (the other V-blocks' z stays zero).
+    rounded for the wgmma of h. With "mma" V-block ``p < z_parts(Kp, V-blocks)`` walks and
+    stores rows ``p Kp / parts ...`` of z (its share of the z wgmma, U written by each), the
+    other V-blocks no z; with "reduce" every V-block walks all of z and V-block 0 stores it.
     """
     refs = list(refs)
     h_ref = refs.pop(0) if store else None
