@@ -58,7 +58,7 @@ def kernel_times(fn, args, reps):
 def launch_settings(q, k, v, dy, g, ops, reps):
     """Prints each Triton output / gradients kernel's time (ms) under every launch setting."""
     D = q.shape[-1]
-    B, L, H = g.shape
+    B, _, H = g.shape
     y, low, den, lion_states = bidirectional_scan(q, k, v, g, normalize=True, low_part=True,
                                                   return_states=True)
     causal_states = chunk_scan_two_pass(q, k, v, g, out_dtype=q.dtype, return_states=True)[-1]
