@@ -308,6 +308,8 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
                   "xla_chunk_causal")] + [
     (f"pallas_lion_{a}", peer) for a in ("seq", "2pass")
     for peer in ("cudnn_full", "xla_chunk_lion")]
+# (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op
+COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}") for a in ("2pass", "seq", "2pass_triton")]
 
 
 def markdown(rows, header):
@@ -326,19 +328,27 @@ def markdown(rows, header):
                          f"{r['ms']:.3f} ({r['mib']:.0f})" if r["mib"] is not None
                          else f"{r['ms']:.3f}")
         lines.append(f"| {op} | {kind} | {D} | " + " | ".join(cells) + " |")
-    lines += ["", "Speed ratios, peer time / our time (> 1: ours faster).", "",
-              "| ours vs peer | pass | D | " + " | ".join(f"L={L}" for L in lengths) + " |",
-              "|---|---|---|" + "---|" * len(lengths)]
-    for ours, peer in RATIOS:
-        for kind in ("fwd", "fwd+bwd"):
-            for D in sorted({r["D"] for r in rows}):
-                cells = []
-                for L in lengths:
-                    a, b = index.get((ours, kind, D, L)), index.get((peer, kind, D, L))
-                    cells.append("-" if a is None or b is None else f"{b['ms'] / a['ms']:.2f}")
-                if any(c != "-" for c in cells):
-                    lines.append(f"| {ours} vs {peer} | {kind} | {D} | " + " | ".join(cells)
-                                 + " |")
+    def ratio_lines(title, pairs, label, invert):
+        out = ["", title, "",
+               f"| {label} | pass | D | " + " | ".join(f"L={L}" for L in lengths) + " |",
+               "|---|---|---|" + "---|" * len(lengths)]
+        for x, y in pairs:
+            for kind in ("fwd", "fwd+bwd"):
+                for D in sorted({r["D"] for r in rows}):
+                    cells = []
+                    for L in lengths:
+                        a, b = index.get((x, kind, D, L)), index.get((y, kind, D, L))
+                        ratio = None if a is None or b is None else (
+                            b["ms"] / a["ms"] if invert else a["ms"] / b["ms"])
+                        cells.append("-" if ratio is None else f"{ratio:.2f}")
+                    if any(c != "-" for c in cells):
+                        out.append(f"| {x} vs {y} | {kind} | {D} | " + " | ".join(cells) + " |")
+        return out if len(out) > 5 else []
+
+    lines += ratio_lines("Speed ratios, peer time / our time (> 1: ours faster).", RATIOS,
+                         "ours vs peer", invert=True)
+    lines += ratio_lines("Cost of LION, its time / our causal op's time (bound: 2).", COSTS,
+                         "LION vs causal", invert=False)
     return "\n".join(lines)
 
 
