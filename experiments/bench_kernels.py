@@ -17,8 +17,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
   XLA       lion_jax.ops.*(impl="chunk") (skipped with a note when missing)
 Median of ``--reps`` samples after warm-up: JAX as the mean of 5 back-to-back calls waited for
 once (``time_jax``), torch with CUDA events around each call. Memory: XLA's compiled temp + output bytes for JAX, the peak allocated
-above the inputs for torch. Prints a table and writes results.json, results.md and
-results.png under --out (rewritten after every row, so a timeout keeps what was measured).
+above the inputs for torch. Prints a table of times, the speed ratios against the peers and
+LION's cost against our causal op (its acceptance bound is 2x), and writes results.json,
+results.md and results.png under --out (rewritten after every row, so a timeout keeps what was measured).
 ``--deadline`` stops starting new measurements once that many seconds have passed;
 ``--fla-autotune-configs N`` keeps only the first N configs of every Triton autotuner (FLA's
 autotuning otherwise takes most of a short GPU call; FLA rows are then possibly slower than
@@ -313,7 +314,8 @@ COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}") for a in ("2pass", "seq", "2
 
 
 def markdown(rows, header):
-    """A table of times (ms) per op, kind, D and L, then the speed ratios."""
+    """A table of times (ms) per op, kind, D and L, then the speed ratios (``RATIOS``) and
+    LION's cost against our causal op (``COSTS``), each table only where both ops ran."""
     lengths = sorted({r["L"] for r in rows})
     index = {(r["op"], r["kind"], r["D"], r["L"]): r for r in rows}
     keys = sorted({(r["op"], r["kind"], r["D"]) for r in rows}, key=lambda x: (x[2], x[1], x[0]))
