@@ -16,10 +16,11 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
   cuDNN     jax.nn.dot_product_attention(..., implementation="cudnn"), causal and not
   XLA       lion_jax.ops.*(impl="chunk") (skipped with a note when missing)
 Median of ``--reps`` samples after warm-up: JAX as the mean of 5 back-to-back calls waited for
-once (``time_jax``), torch with CUDA events around each call. Memory: XLA's compiled temp + output bytes for JAX, the peak allocated
-above the inputs for torch. Prints a table of times, the speed ratios against the peers and
-LION's cost against our causal op (its acceptance bound is 2x), and writes results.json,
-results.md and results.png under --out (rewritten after every row, so a timeout keeps what was measured).
+once (``time_jax``), torch with CUDA events around each call. Memory: XLA's compiled temp +
+output bytes for JAX, the peak allocated above the inputs for torch. Prints a table of times,
+the speed ratios against the peers and LION's cost against our causal op (its acceptance bound
+is 2x), and writes results.json, results.md and results.png under --out (rewritten after every
+row, so a timeout keeps what was measured).
 ``--deadline`` stops starting new measurements once that many seconds have passed;
 ``--fla-autotune-configs N`` keeps only the first N configs of every Triton autotuner (FLA's
 autotuning otherwise takes most of a short GPU call; FLA rows are then possibly slower than
