@@ -47,7 +47,7 @@ def _signs(c):
     return jnp.where(rows > cols, 1.0, jnp.where(rows < cols, -1.0, 0.0))
 
 
-def _two_parts(x, dtype):
+def two_parts(x, dtype):
     """float32 ``x`` as ``(hi, lo)`` in the 16-bit ``dtype``: x rounded, then what that rounding
     lost, rounded. Matmuls against both keep ~16 bits of x instead of 8 (bf16).
 
@@ -85,9 +85,9 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
     q_b = q * jnp.exp(tail)[:, None]
     inter_f = pltriton.dot(q_f.astype(dtype), hf_ref[...], precision=precision)
     inter_b = pltriton.dot(q_b.astype(dtype), hb_ref[...], precision=precision)
-    if normalize and dtype != jnp.float32:  # the weights in two 16-bit parts (see _two_parts)
+    if normalize and dtype != jnp.float32:  # the weights in two 16-bit parts (see two_parts)
         num = sum(pltriton.dot(part, v, precision=precision)
-                  for part in _two_parts(scores, dtype)) + inter_f + inter_b
+                  for part in two_parts(scores, dtype)) + inter_f + inter_b
     else:
         num = pltriton.dot(scores.astype(dtype), v, precision=precision) + inter_f + inter_b
     if normalize:
@@ -101,7 +101,7 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
                + jnp.sum(rounded(q_b) * zb[None, :], axis=1))
         y = num / (den + eps)[:, None]
         if low_part:
-            o_ref[...], lo_ref[...] = _two_parts(y, o_ref.dtype)
+            o_ref[...], lo_ref[...] = two_parts(y, o_ref.dtype)
         else:
             o_ref[...] = y.astype(o_ref.dtype)
         refs.pop(0)[...] = den
@@ -133,7 +133,7 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
       block_v: V columns per output program (None: ``two_pass.output_block_v``).
       out_dtype: dtype of ``o`` (None: v.dtype), 16-bit when low_part.
       low_part: normalize only: also return what rounding ``o`` to out_dtype lost, rounded
-        (``_two_parts``: ``o + low`` holds ~16 bits, for the backward's dden) without writing
+        (``two_parts``: ``o + low`` holds ~16 bits, for the backward's dden) without writing
         a float32 output and casting it.
       splits, backend: the states walks' runs and kernel (see ``two_pass.chunk_states``).
       return_states: also return the states of ``(k, v)`` for :func:`lion_backward`: the tuple
@@ -279,7 +279,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, *refs, normalize, precisio
     # dk's over queries does not (bf16, L = 100: dk 1.9e-3 with two parts, 2.5e-3 with one,
     # as causal's 2.4e-3; experiments.kernel_precision, docs/benchmarks.md session 8)
     grad = grad * mask
-    gws = _two_parts(grad, dtype) if normalize and dtype != f32 else (grad.astype(dtype),)
+    gws = two_parts(grad, dtype) if normalize and dtype != f32 else (grad.astype(dtype),)
     if want_dq:
         dq = sum(dot(gw, k) for gw in gws)
         from_before = dot(dy, hf_ref[...], trans_b=True)  # keys before the chunk (causal)

@@ -48,7 +48,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.bidirectional import bidirectional_scan, lion_backward, to_float32
+from pallas_kernels.bidirectional import (bidirectional_scan, lion_backward, to_float32,
+                                          two_parts)
 from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
@@ -123,18 +124,22 @@ def _causal_bwd(cfg, res, cotangents):
             interpret=cfg["interpret"], backend=cfg["backend"])
         return dq, dk, dv, dlog_decay.astype(g.dtype), ds0
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
-    dq, _ = _scan(dy, v, k, g, s0_t, decay_on="value", **cfg)
+    # dq and dk without the diagonal pairs (strict scans), whose terms q_t k_t (dy_t . v_t)
+    # cancel exactly in dA but would leave their rounding in it; added back in float32.
+    dq, _ = _scan(dy, v, k, g, s0_t, decay_on="value", strict=True, **cfg)
     dk, _ = _scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), decay_on="value", reverse=True,
-                  **cfg)
+                  strict=True, **cfg)
     dv, ds0 = _scan(k, q, dy, g, d_state, reverse=True, **cfg)
+    q32, k32 = q.astype(jnp.float32), k.astype(jnp.float32)
     if g.ndim == 4:  # per key feature: dA_t = q_t * dq_t - k_t * dk_t elementwise
-        dA = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
+        dA = q32 * dq - k32 * dk
         dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=3))
     else:
         dA = _dot_last(q, dq) - _dot_last(k, dk)
         dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=(2, 3)))
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-            reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
+    diagonal = _dot_last(dy, v)[..., None]
+    return ((dq + diagonal * k32).astype(q.dtype), (dk + diagonal * q32).astype(k.dtype),
+            dv.astype(v.dtype), reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
 
 
 _causal.defvjp(_causal_fwd, _causal_bwd)
@@ -165,16 +170,47 @@ def _bidir_fwd(q, k, v, g, cfg):
 def _bidir_bwd(cfg, res, dy):
     q, k, v, g = res
     dy = dy.astype(v.dtype)
-    dq_f, dq_b = _bidir_scans(dy, v, k, g, cfg)
+    return _bidir_grads(q, k, g, cfg, dy, v, dy)
+
+
+def _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum):
+    """``(dq, dk, dv, dlog_decay)`` of the numerator ``Bidir(q, k, v)`` by six scans: the weights'
+    cotangent is ``dq_in_i . v_in_j`` (``dnum``, ``v`` for the numerator alone; with LION's
+    normaliser the columns of :func:`_normalised_cotangents`), dv takes ``dnum``."""
+    dq_f, dq_b = _bidir_scans(dq_in, v_in, k, g, cfg)
     # k_j is the key of output i: its causal part (i >= j) is the reverse scan over i.
-    dk_b, dk_f = _bidir_scans(v, dy, q, g, cfg, diagonal_in_forward=False)
-    dv_f, dv_b = _bidir_scans(k, q, dy, g, cfg)
+    dk_b, dk_f = _bidir_scans(v_in, dq_in, q, g, cfg, diagonal_in_forward=False)
+    dv_f, dv_b = _bidir_scans(k, q, dnum, g, cfg)
     dA = (_dot_last(q, dq_f) - _dot_last(k, dk_f)) - (_dot_last(q, dq_b) - _dot_last(k, dk_b))
     return ((dq_f + dq_b).astype(q.dtype), (dk_f + dk_b).astype(k.dtype),
-            (dv_f + dv_b).astype(v.dtype), reverse_cumsum(dA).astype(g.dtype))
+            (dv_f + dv_b).astype(dnum.dtype), reverse_cumsum(dA).astype(g.dtype))
 
 
 _bidir.defvjp(_bidir_fwd, _bidir_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _bidir_normalised(q, k, v, g, cfg, eps):
+    """Normalised LION ``[B, Lp, H, V]`` float32 by the scans: the denominator is the
+    numerator of a ones column of V."""
+    return _bidir_normalised_fwd(q, k, v, g, cfg, eps)[0]
+
+
+def _bidir_normalised_fwd(q, k, v, g, cfg, eps):
+    ones = jnp.ones(v.shape[:3] + (1,), v.dtype)
+    out = sum(_bidir_scans(q, k, jnp.concatenate([v, ones], axis=-1), g, cfg))
+    den = out[..., -1]
+    y = out[..., :-1] / (den + eps)[..., None]
+    return y, (q, k, v, g, y, den)
+
+
+def _bidir_normalised_bwd(cfg, eps, res, dy):
+    q, k, v, g, y, den = res
+    dnum, dq_in, v_in = _normalised_cotangents(dy, y, den, eps, v)
+    return _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum)
+
+
+_bidir_normalised.defvjp(_bidir_normalised_fwd, _bidir_normalised_bwd)
 
 
 # ------------------------------------------------------- bidirectional core, fused kernels
@@ -228,10 +264,7 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
         return dq, dk, dv, dlog_decay.astype(g.dtype)
     dnum, dq_in, v_in = dy, dy, v
     if normalize:  # larger head dims: three fused scans, [dnum | dden] against [v | 1]
-        dnum = (dy.astype(jnp.float32) / (den + eps)[..., None]).astype(v.dtype)
-        dden = -_dot_last(dnum, to_float32(y, low))
-        dq_in = jnp.concatenate([dnum, dden[..., None].astype(v.dtype)], axis=-1)
-        v_in = jnp.concatenate([v, jnp.ones(v.shape[:3] + (1,), v.dtype)], axis=-1)
+        dnum, dq_in, v_in = _normalised_cotangents(dy, to_float32(y, low), den, eps, v)
     dq, r_q = scan(dq_in, v_in, k, g, q, out_dtype=q.dtype)
     dk, r_k = scan(v_in, dq_in, q, g, k, out_dtype=k.dtype)
     dv = scan(k, q, dnum, g, out_dtype=v.dtype)
@@ -241,6 +274,25 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
 
 
 _lion.defvjp(_lion_fwd, _lion_bwd)
+
+
+def _normalised_cotangents(dy, y, den, eps, v):
+    """``(dnum, dq_in, v_in)`` of normalised LION for the scans of its backward pass, from
+    dy ``[B, L, H, V]``, y to float32 precision and den ``[B, L, H]`` float32.
+
+    ``dnum = dy / (den + eps)`` in v's dtype and ``dden = -(dnum . y)`` from dnum as the scans
+    see it, so that the weights' cotangent ``G_ij = dnum_i . v_j + dden_i`` keeps its zero mean
+    under the weights (dq and dk are sums that cancel); ``dq_in = [dnum | dden]`` and
+    ``v_in = [v | 1]`` carry dden through the dq and dk scans as one more feature column, two
+    for 16-bit v (dden in two 16-bit parts, ``bidirectional.two_parts``, against two ones
+    columns: bf16, L = 100, log-decay ~ U[-20, 0], dq's relative RMS error was 2.4e-2 with one
+    part, docs/benchmarks.md session 10)."""
+    dnum = (dy.astype(jnp.float32) / (den + eps)[..., None]).astype(v.dtype)
+    dden = -_dot_last(dnum, y)
+    parts = (dden,) if v.dtype == jnp.float32 else two_parts(dden, v.dtype)
+    dq_in = jnp.concatenate([dnum] + [p[..., None].astype(v.dtype) for p in parts], axis=-1)
+    ones = jnp.ones(v.shape[:3] + (len(parts),), v.dtype)
+    return dnum, dq_in, jnp.concatenate([v, ones], axis=-1)
 
 
 def _dot_last(a, b):
@@ -423,14 +475,10 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
     """
     _check_inputs(q, k, v, log_decay, chunk_size, bidirectional=True, algorithm=algorithm,
                   backend=backend)
-    L, V = q.shape[1], v.shape[-1]
+    L = q.shape[1]
     out_dtype = v.dtype
     q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm, backend)
     if cfg["algorithm"] == "two_pass":
         return _lion(q, k, v, g, cfg, normalize, float(eps))[:, :L].astype(out_dtype)
-    if normalize:  # a ones column in V carries the denominator through the same kernel
-        v = jnp.concatenate([v, jnp.ones(v.shape[:3] + (1,), v.dtype)], axis=-1)
-    y = _bidir(q, k, v, g, cfg)[:, :L]
-    if normalize:
-        y = y[..., :V] / (y[..., V:] + eps)
-    return y.astype(out_dtype)
+    y = _bidir_normalised(q, k, v, g, cfg, float(eps)) if normalize else _bidir(q, k, v, g, cfg)
+    return y[:, :L].astype(out_dtype)

@@ -113,9 +113,11 @@ def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision):
     u_ref[...] = pltriton.dot(k, v, trans_a=True, precision=precision)
 
 
-def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, precision):
+def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict,
+                   precision):
     """Pass C, one (b, h, n, V-block): q, k ``[C, Kp]``, v, o ``[C, BV]``, g ``[C, Kp]`` (key)
-    or ``[C, BV]`` (value), s ``[Kp, BV]`` the state entering the chunk."""
+    or ``[C, BV]`` (value), s ``[Kp, BV]`` the state entering the chunk; strict: without the
+    diagonal ``j == i``."""
     dtype = q_ref.dtype
     a = g_ref[...].astype(jnp.float32)
     chunk = a.shape[0]
@@ -150,7 +152,7 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, pre
         # Diagonal sub-block: directly summed segment sums, one key j at a time.
         def seg_decay(j):
             seg = jnp.cumsum(jnp.where(r > j, a_sub, 0.0), axis=0)  # sum_{j < s <= i} a_s
-            return jnp.exp(jnp.where(r >= j, seg, -jnp.inf))
+            return jnp.exp(jnp.where(r > j if strict else r >= j, seg, -jnp.inf))
 
         if on_key:
             def key_column(j, scores):
@@ -172,12 +174,13 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, pre
         o_ref[rows, :] = out.astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("decay_on", "reverse", "chunk", "block_v",
-                                             "out_dtype", "interpret", "num_warps",
+@functools.partial(jax.jit, static_argnames=("decay_on", "reverse", "strict", "chunk",
+                                             "block_v", "out_dtype", "interpret", "num_warps",
                                              "num_stages"))
 def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="key",
-                           reverse=False, chunk=64, block_v=64, out_dtype=jnp.float32,
-                           interpret=False, num_warps=None, num_stages=2):
+                           reverse=False, strict=False, chunk=64, block_v=64,
+                           out_dtype=jnp.float32, interpret=False, num_warps=None,
+                           num_stages=2):
     """Decayed linear scan with per-feature decay (see the module docstring).
 
     Args:
@@ -186,13 +189,15 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
       initial_state: None or ``[B, H, K, V]`` float32 (reverse: the state after the last token).
       decay_on: "key" or "value", the state axis the decay acts on.
       reverse: scan from the last token to the first.
+      strict: leave out the diagonal ``j == i``.
       chunk: tokens per chunk, a power of two >= 16 (sub-chunks of 16).
       block_v, out_dtype, interpret, num_warps, num_stages: as for ``chunk_scan``.
     Returns:
       ``(o [B, L, H, V] out_dtype, final state [B, H, K, V] float32)``.
     """
-    kwargs = dict(decay_on=decay_on, chunk=chunk, block_v=block_v, out_dtype=out_dtype,
-                  interpret=interpret, num_warps=num_warps, num_stages=num_stages)
+    kwargs = dict(decay_on=decay_on, strict=strict, chunk=chunk, block_v=block_v,
+                  out_dtype=out_dtype, interpret=interpret, num_warps=num_warps,
+                  num_stages=num_stages)
     if reverse:  # the reverse recurrence decays on leaving a token: shift by one, then flip
         flip = functools.partial(jnp.flip, axis=1)
         g = jnp.concatenate([log_decay[:, 1:], jnp.zeros_like(log_decay[:, :1])], axis=1)
@@ -227,7 +232,8 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
         s0 = pad_state(initial_state, kp, vp)
     s_in, state = prefix_states(u, decay, s0, reverse=False, block_v=bv, interpret=interpret)
     o = pl.pallas_call(
-        functools.partial(_output_kernel, sub=16, on_key=on_key, precision=precision),
+        functools.partial(_output_kernel, sub=16, on_key=on_key, strict=strict,
+                          precision=precision),
         grid=grid, in_specs=[qk_spec, qk_spec, v_spec, g_spec, state_spec], out_specs=v_spec,
         out_shape=jax.ShapeDtypeStruct((B, L, H, vp), out_dtype),
         compiler_params=params, interpret=interpret, name="chunk_outputs_per_feature",

@@ -22,13 +22,16 @@ from pallas_kernels.causal_backward import supported as causal_backward_supporte
 ON_GPU = jax.default_backend() == "gpu"
 # float32: exact float32 dots (no TF32); the GPU bound is looser for reordered accumulation.
 TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5e-3}
-# The fused backward kernels (the default for head dims <= 128, float32 <= 64) sum each
-# pair's term of d log_decay over the tokens its decay spans (chunk_scan.crossing_sums) and
-# meet TOL. The fallback paths (three scans: head dims > 128, float32 dims > 64;
-# algorithm="sequential"; per-feature decay) take it as the reverse cumsum over L of
-# q_t.dq_t - k_t.dk_t: O(1) terms that cancel to a small result, so their rounding adds up.
-# Measured (interpret mode, L = 100): float32 up to 1.3e-5 under log_decay ~ U[-20, 0], bf16
-# 4.5e-3 to 6.2e-3 (per-feature 5.7e-3).
+# d log_decay: the fused backward kernels (the default for head dims <= 128, float32 <= 64)
+# sum each pair's term over the tokens its decay spans (chunk_scan.crossing_sums) and meet TOL.
+# The scans of the other paths (head dims > 128, float32 dims > 64; algorithm="sequential";
+# per-feature decay) take it as the reverse cumsum over L of q_t.dq_t - k_t.dk_t, with dq and dk
+# from strict scans (no diagonal pair, the O(1) term that cancels). The other pairs still cancel
+# in the cumsum, so its rounding adds up over L. Measured (interpret mode, docs/benchmarks.md
+# session 10): float32 at most 2.3e-6 at L = 100 (any decay, no initial state) but 1.1e-5 at
+# L = 70 with an initial state (head dims 96 / 80, chunk 64, log_decay ~ U[-20, 0]); bf16,
+# where the two scans also round each pair's term differently, per-feature up to 5.8e-3 and
+# sequential 6.4e-3 (L = 100, log_decay ~ U[-0.5, 0]).
 CUMSUM_DLOG_DECAY_TOL = {jnp.float32: 1e-4, jnp.bfloat16: 1e-2}
 # Normalised LION's dq, dk in bf16 are sums that cancel (the weights' cotangent has zero mean
 # under the weights): the kernels take the weights and their cotangent G * M in two 16-bit
@@ -206,6 +209,59 @@ def test_half_precision(rng, dtype, op, K, V):
     looser = None
     if dtype == jnp.bfloat16 and op == "per_feature":
         looser = {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[dtype]}
+    check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"], looser)
+
+
+# bf16 under no and strong decay, on every backward path. LION takes positive q, k (feature maps)
+# and zero-mean v. Looser where measured (interpret mode, L = 100, 3 seeds, docs/benchmarks.md
+# session 10): the reverse-cumsum d log_decay (CUMSUM_DLOG_DECAY_TOL), and dq of LION's
+# sequential scans, whose intra-chunk operand is the weights' cotangent in one 16-bit part
+# (up to 7.7e-3 under strong decay; two parts there put dq's and dk's rounding of each pair
+# out of step, and d log_decay went to 2.2e-2).
+SEQUENTIAL_LION_DQ_TOL = 1e-2
+HALF_DECAY_CASES = [  # op, K, V, algorithm, decay
+    ("causal", 32, 16, None, "zero"),
+    ("causal", 32, 16, None, "strong"),
+    ("causal", 16, 32, "sequential", "strong"),
+    ("per_feature", 32, 16, None, "strong"),
+    ("bidirectional", 32, 16, None, "zero"),
+    ("bidirectional", 32, 16, None, "strong"),
+    ("bidirectional", 16, 144, None, "strong"),  # V > 128: three fused scans
+    ("bidirectional", 32, 16, "sequential", "strong"),
+]
+
+
+@pytest.mark.parametrize("op,K,V,algorithm,decay", HALF_DECAY_CASES)
+def test_half_precision_decays(rng, op, K, V, algorithm, decay):
+    """bf16 inputs: relative RMS error within TOL against float64 on the rounded inputs."""
+    B, L, H, dtype = 1, 100, 2, jnp.bfloat16
+    bidirectional = op == "bidirectional"
+    q, k, _, g = make_inputs(rng, B, L, H, K, V, dtype, decay, positive=bidirectional,
+                             per_feature=op == "per_feature")
+    v = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
+    if bidirectional:
+        def kernel(*a):
+            return pallas_kernels.bidirectional_linear_attention(*a, chunk_size=32,
+                                                                 algorithm=algorithm)
+        reference = functools.partial(ops.lion_attention, impl="attention")
+    else:
+        def kernel(*a):
+            return pallas_kernels.causal_linear_attention(*a, chunk_size=32, algorithm=algorithm)
+        reference = functools.partial(ops.causal_linear_attention, impl="attention")
+    args = (q, k, v, g)
+    got = kernel(*args)
+    got_grads, _ = loss_and_grads(kernel, args, (dy,))
+    with jax.enable_x64(True):
+        args64 = tuple(f64(a) for a in args)
+        want = reference(*args64)
+        want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
+    looser = {}
+    if op == "per_feature" or algorithm == "sequential":
+        looser["dlog_decay"] = CUMSUM_DLOG_DECAY_TOL[dtype]
+    if bidirectional and algorithm == "sequential":
+        looser["dq"] = SEQUENTIAL_LION_DQ_TOL
+    check_close([got], [want], dtype, ["y"])
     check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"], looser)
 
 
