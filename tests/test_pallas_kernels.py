@@ -35,7 +35,7 @@ TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5
 CUMSUM_DLOG_DECAY_TOL = {jnp.float32: 1e-4, jnp.bfloat16: 1e-2}
 # Normalised LION's dq, dk in bf16 are sums that cancel (the weights' cotangent has zero mean
 # under the weights): the kernels take the weights and their cotangent G * M in two 16-bit
-# parts (bidirectional._two_parts), which brought dq from up to 5.4e-3 to at most 3.5e-3
+# parts (bidirectional.two_parts), which brought dq from up to 5.4e-3 to at most 3.5e-3
 # (12 seeds, L = 100, mild decay; 3.1e-3 strong), within TOL.
 
 
