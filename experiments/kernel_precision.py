@@ -32,15 +32,16 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def kernel_and_reference(op, chunk_size=32):
+def kernel_and_reference(op, chunk_size=32, algorithm=None):
     """``(kernel, reference)`` of ``op`` (LION normalised if "bidirectional", else the causal
-    op), both ``f(q, k, v, log_decay)``: the Pallas kernel and ``lion_jax.ops``' materialised
-    form (impl="attention")."""
+    op), both ``f(q, k, v, log_decay)``: the Pallas kernel (with ``algorithm``) and
+    ``lion_jax.ops``' materialised form (impl="attention")."""
     if op == "bidirectional":
         return (lambda *a: pallas_kernels.bidirectional_linear_attention(
-                    *a, chunk_size=chunk_size),
+                    *a, chunk_size=chunk_size, algorithm=algorithm),
                 lambda *a: ops.lion_attention(*a, impl="attention"))
-    return (lambda *a: pallas_kernels.causal_linear_attention(*a, chunk_size=chunk_size),
+    return (lambda *a: pallas_kernels.causal_linear_attention(*a, chunk_size=chunk_size,
+                                                              algorithm=algorithm),
             lambda *a: ops.causal_linear_attention(*a, impl="attention"))
 
 

@@ -213,7 +213,7 @@ def test_half_precision(rng, dtype, op, K, V):
 
 
 # bf16 under no and strong decay, on every backward path. LION takes positive q, k (feature maps)
-# and zero-mean v. Looser where measured (interpret mode, L = 100, 3 seeds, docs/benchmarks.md
+# and zero-mean v. Looser where measured (interpret mode, L = 100, 2-3 seeds, docs/benchmarks.md
 # session 10): the reverse-cumsum d log_decay (CUMSUM_DLOG_DECAY_TOL), and dq of LION's
 # sequential scans, whose intra-chunk operand is the weights' cotangent in one 16-bit part
 # (up to 7.7e-3 under strong decay; two parts there put dq's and dk's rounding of each pair
@@ -240,15 +240,7 @@ def test_half_precision_decays(rng, op, K, V, algorithm, decay):
                              per_feature=op == "per_feature")
     v = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
     dy = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
-    if bidirectional:
-        def kernel(*a):
-            return pallas_kernels.bidirectional_linear_attention(*a, chunk_size=32,
-                                                                 algorithm=algorithm)
-        reference = functools.partial(ops.lion_attention, impl="attention")
-    else:
-        def kernel(*a):
-            return pallas_kernels.causal_linear_attention(*a, chunk_size=32, algorithm=algorithm)
-        reference = functools.partial(ops.causal_linear_attention, impl="attention")
+    kernel, reference = kernel_and_reference(op, algorithm=algorithm)
     args = (q, k, v, g)
     got = kernel(*args)
     got_grads, _ = loss_and_grads(kernel, args, (dy,))
