@@ -32,16 +32,17 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def kernel_and_reference(op, chunk_size=32, algorithm=None):
+def kernel_and_reference(op, chunk_size=32, algorithm=None, **options):
     """``(kernel, reference)`` of ``op`` (LION normalised if "bidirectional", else the causal
-    op), both ``f(q, k, v, log_decay)``: the Pallas kernel (with ``algorithm``) and
-    ``lion_jax.ops``' materialised form (impl="attention")."""
+    op), both ``f(q, k, v, log_decay)``: the Pallas kernel (with ``algorithm`` and the keyword
+    ``options`` of the pallas_kernels function) and ``lion_jax.ops``' materialised form
+    (impl="attention")."""
     if op == "bidirectional":
         return (lambda *a: pallas_kernels.bidirectional_linear_attention(
-                    *a, chunk_size=chunk_size, algorithm=algorithm),
+                    *a, chunk_size=chunk_size, algorithm=algorithm, **options),
                 lambda *a: ops.lion_attention(*a, impl="attention"))
     return (lambda *a: pallas_kernels.causal_linear_attention(*a, chunk_size=chunk_size,
-                                                              algorithm=algorithm),
+                                                              algorithm=algorithm, **options),
             lambda *a: ops.causal_linear_attention(*a, impl="attention"))
 
 

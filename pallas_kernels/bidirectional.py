@@ -68,11 +68,13 @@ def to_float32(y, y_low):
 
 
 def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize, eps, signed,
-                   low_part, precision):
+                   low_part, offset, precision):
     """One (b, h, n, V-block): q, k ``[C, Kp]``; v, o (o's low part, partner) ``[C, BV]``;
-    g ``[C]``; hf, hb ``[Kp, BV]``; zf, zb ``[Kp]`` (normalize); den, r ``[C]`` float32."""
+    g ``[C]``; hf, hb ``[Kp, BV]``; zf, zb ``[Kp]`` (normalize); m ``[BV]`` (offset);
+    den, r ``[C]`` float32."""
     refs = list(refs)
     zf_ref, zb_ref = (refs.pop(0), refs.pop(0)) if normalize else (None, None)
+    m_ref = refs.pop(0) if offset else None
     p_ref = refs.pop(0) if signed else None
     o_ref = refs.pop(0)
     lo_ref = refs.pop(0) if low_part else None
@@ -99,6 +101,8 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
         rounded = lambda x: x.astype(dtype).astype(jnp.float32)
         den = (jnp.sum(scores, axis=1) + jnp.sum(rounded(q_f) * zf[None, :], axis=1)
                + jnp.sum(rounded(q_b) * zb[None, :], axis=1))
+        if offset:  # v came centred: num = num_c + den m
+            num = num + den[:, None] * m_ref[...][None, :]
         y = num / (den + eps)[:, None]
         if low_part:
             o_ref[...], lo_ref[...] = two_parts(y, o_ref.dtype)
@@ -117,10 +121,10 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
                                              "out_dtype", "interpret", "num_warps",
                                              "num_stages", "splits", "return_states",
                                              "low_part", "backend"))
-def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps=1e-6,
-                       chunk=64, block_v=None, out_dtype=None, interpret=False, num_warps=None,
-                       num_stages=2, splits=None, return_states=False, low_part=False,
-                       backend=None):
+def bidirectional_scan(q, k, v, log_decay, partner=None, offset=None, *, normalize=False,
+                       eps=1e-6, chunk=64, block_v=None, out_dtype=None, interpret=False,
+                       num_warps=None, num_stages=2, splits=None, return_states=False,
+                       low_part=False, backend=None):
     """LION attention, both directions fused (see the module docstring).
 
     Args:
@@ -129,6 +133,10 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
       partner: None or ``[B, L, H, V]``: also return ``r`` (causal minus anti-causal part of
         the output, dotted with ``partner``).
       normalize, eps: divide by ``den + eps``; also return ``den``.
+      offset: normalize only: None or m ``[B, H, V]`` float32, a constant the caller took
+        from v (``v = v_c + m``, v_c passed as ``v``): the output is then
+        ``(num_c + den m) / (den + eps)``, the normalised output of ``v_c + m``. Centred
+        values keep the 16-bit states small (see ``linear_attention.centred_values``).
       chunk, interpret, num_warps, num_stages: as for ``chunk_scan``.
       block_v: V columns per output program (None: ``two_pass.output_block_v``).
       out_dtype: dtype of ``o`` (None: v.dtype), 16-bit when low_part.
@@ -171,10 +179,15 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
     out_specs = [v_spec] * (1 + low_part)
     out_shape = [jax.ShapeDtypeStruct((B, L, H, vp), out_dtype)] * (1 + low_part)
     row_shape = jax.ShapeDtypeStruct((B, nvb, L, H), jnp.float32)
+    if offset is not None and not normalize:
+        raise ValueError("offset needs normalize: the numerator alone is linear in v")
     if normalize:
         args += [states[1], states[1]]
         in_specs += [pl.BlockSpec((None, None, None, None, kp),
                                   lambda b, h, n, j, e=e: (e, b, h, n, 0)) for e in (0, 1)]
+        if offset is not None:
+            args.append(_pad_axis(offset.astype(jnp.float32), 2, vp))
+            in_specs.append(pl.BlockSpec((None, None, bv), lambda b, h, n, j: (b, h, j)))
         out_specs.append(row_spec)
         out_shape.append(row_shape)
     if partner is not None:
@@ -184,7 +197,8 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, *, normalize=False, eps
         out_shape.append(row_shape)
     outs = pl.pallas_call(
         functools.partial(_output_kernel, normalize=normalize, eps=eps,
-                          signed=partner is not None, low_part=low_part, precision=precision),
+                          signed=partner is not None, low_part=low_part,
+                          offset=offset is not None, precision=precision),
         grid=(B, H, N, nvb), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=params, interpret=interpret, name="bidirectional_outputs",
     )(*args)
@@ -315,18 +329,20 @@ def _grads_kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, *refs, normalize, precisio
                                              "num_warps", "num_stages", "splits", "one_kernel",
                                              "backend"))
 def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None, den=None,
-                  normalize, eps=1e-6, chunk=64, interpret=False, num_warps=None, num_stages=2,
-                  splits=None, one_kernel=None, backend=None):
+                  offset=None, normalize, eps=1e-6, chunk=64, interpret=False, num_warps=None,
+                  num_stages=2, splits=None, one_kernel=None, backend=None):
     """Gradients of LION attention in one pass over the chunks (head dims <= 128).
 
     With the weights ``w_ij = s_ij M_ij`` (``s_ij = q_i . k_j``) and their cotangents
     ``G_ij = dnum_i . v_j + dden_i``, for the output cotangent dy: ``dnum = dy``, no ``dden``;
     normalised (``y = num / (den + eps)``) ``dnum = r dy`` and ``dden = r u`` with
-    ``r = 1 / (den + eps)`` and ``u = -(dy . y)``. The kernels take dy, r and u and scale rows
-    by r (the (q, dnum) walk folds r into its key factors), so no XLA pass writes dnum (H100,
-    B4 H16 L = 16K, D = 128: the pass computing u took 0.27 ms, the one writing dnum and dden
-    0.35), and ``G_ij = r_i dy_i . (v_j - y_i)`` keeps its zero mean under the weights to
-    float32 rounding: dq and dk are sums that cancel, so u takes y to float32 precision
+    ``r = 1 / (den + eps)`` and ``u = -(dy . y)`` (``-(dy . (y - m))`` for values centred by
+    m, ``bidirectional_scan(offset=)``: then v is v_c). The kernels take dy, r and u and scale
+    rows by r (the (q, dnum) walk folds r into its key factors), so no XLA pass writes dnum
+    (H100, B4 H16 L = 16K, D = 128: the pass computing u took 0.27 ms, the one writing dnum
+    and dden 0.35), and ``G_ij = r_i dy_i . (v_j - y_i)`` keeps its zero mean under the
+    weights to float32 rounding: dq and dk are sums that cancel, so u takes y to float32
+    precision
     (``y + y_low`` for 16-bit y: bf16, L = 100, dq's relative RMS error was 1.95e-2 with y in
     bf16, 4.95e-3 to float32 precision, ``experiments.kernel_precision``). Then:
     ``dq_i = sum_j G_ij M_ij k_j``, ``dk_j = sum_i G_ij M_ij q_i``,
@@ -347,7 +363,8 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
         ``bidirectional_scan(..., return_states=True)``'s last output.
       y, y_low, den, eps: normalize only: the forward's output ``[B, L, H, V]``, its low part
         (``bidirectional_scan(low_part=True)``; None for float32 y), ``den [B, L, H]`` float32
-        and the eps of ``den + eps``.
+        and the eps of ``den + eps``; offset: None or the m ``[B, H, V]`` float32 the forward
+        took (``bidirectional_scan(offset=)``).
       one_kernel: one kernel or two; None: one for head dims <= ``MAX_ONE_KERNEL_DIM``.
       num_warps: of the gradients kernels (None: ``two_pass.BACKWARD_WARPS``); num_stages,
         chunk, interpret: as for ``chunk_scan``; splits, backend: as for
@@ -360,10 +377,13 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
     dtype = q.dtype
     if normalize and (y is None or den is None):
         raise ValueError("normalize needs the forward's y and den (and y_low for 16-bit y)")
-    rows = []  # normalised: r and u [B, L, H] float32
-    if normalize:
+    rows = []  # normalised: r and u [B, L, H] float32 (u: an XLA pass at memory bandwidth,
+    if normalize:  # 0.36 ms at B4 H16 L = 32K, D = 128 on an H200; a Pallas kernel took 0.39)
+        y = to_float32(y, y_low)
+        if offset is not None:
+            y = y - offset.astype(jnp.float32)[:, None]
         rows = [1.0 / (den.astype(jnp.float32) + eps),
-                -jnp.sum(dy.astype(dtype).astype(jnp.float32) * to_float32(y, y_low), axis=-1)]
+                -jnp.sum(dy.astype(dtype).astype(jnp.float32) * y, axis=-1)]
     q, k, v, dy, g, kp, vp, precision, params, states = backward_layout(
         q, k, v, dy, log_decay, max_dim=MAX_BACKWARD_DIM, chunk=chunk, interpret=interpret,
         num_warps=num_warps, num_stages=num_stages, splits=splits, backend=backend)

@@ -239,22 +239,88 @@ def test_half_precision_decays(rng, op, K, V, algorithm, decay):
     q, k, _, g = make_inputs(rng, B, L, H, K, V, dtype, decay, positive=bidirectional,
                              per_feature=op == "per_feature")
     v = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
-    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
-    kernel, reference = kernel_and_reference(op, algorithm=algorithm)
-    args = (q, k, v, g)
+    looser = {}
+    if op == "per_feature" or algorithm == "sequential":
+        looser["dlog_decay"] = CUMSUM_DLOG_DECAY_TOL[dtype]
+    if bidirectional and algorithm == "sequential":
+        looser["dq"] = SEQUENTIAL_LION_DQ_TOL
+    check_against_float64(rng, op, algorithm, (q, k, v, g), dtype, looser)
+
+
+def check_against_float64(rng, op, algorithm, args, dtype, looser=None, **options):
+    """The kernel of ``kernel_and_reference(op, algorithm=algorithm, **options)`` on
+    ``args = (q, k, v, log_decay)`` (q, k, v in ``dtype``) against float64: output and the
+    gradients of a random linear loss."""
+    dy = jnp.asarray(rng.standard_normal(args[2].shape), dtype)
+    kernel, reference = kernel_and_reference(op, algorithm=algorithm, **options)
     got = kernel(*args)
     got_grads, _ = loss_and_grads(kernel, args, (dy,))
     with jax.enable_x64(True):
         args64 = tuple(f64(a) for a in args)
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
-    looser = {}
-    if op == "per_feature" or algorithm == "sequential":
-        looser["dlog_decay"] = CUMSUM_DLOG_DECAY_TOL[dtype]
-    if bidirectional and algorithm == "sequential":
-        looser["dq"] = SEQUENTIAL_LION_DQ_TOL
     check_close([got], [want], dtype, ["y"])
     check_close(got_grads, want_grads, dtype, ["dq", "dk", "dv", "dlog_decay"], looser)
+
+
+# Normalised LION, bf16, values far from zero mean and no decay, with centre_values=True (the
+# kernels take v - m, linear_attention.centred_values). Uncentred (the default), the 16-bit
+# states' rounding enters the cancelling sums of dq (interpret mode, L = 100: dq 4.2e-2,
+# d log_decay 9.6e-3 on the fused path; on an H100 dq 7.6e-2 at L = 1K, 1.6e-1 at 4K;
+# docs/benchmarks.md sessions 10 and 11).
+OFFSET_VALUE_CASES = [  # K, V, algorithm, L
+    (32, 16, None, 300),
+    (16, 144, None, 100),  # V > 128: three fused scans
+    (32, 16, "sequential", 300),
+    pytest.param(64, 64, None, 4096,
+                 marks=pytest.mark.skipif(not ON_GPU, reason="L = 4096: compiled kernels")),
+]
+
+
+@pytest.mark.parametrize("K,V,algorithm,L", OFFSET_VALUE_CASES)
+def test_lion_offset_values(rng, K, V, algorithm, L):
+    """v = |N(0, 1)| + 2 (and 0.1 N(0, 1) + 8 in the second head), log_decay 0."""
+    B, H, dtype = 1, 2, jnp.bfloat16
+    q, k, _, _ = make_inputs(rng, B, L, H, K, V, dtype, "none", positive=True)
+    v = np.abs(rng.standard_normal((B, L, H, V))) + 2
+    v[:, :, 1] = 0.1 * rng.standard_normal((B, L, V)) + 8
+    looser = None
+    if algorithm == "sequential":
+        looser = {"dq": SEQUENTIAL_LION_DQ_TOL, "dlog_decay": CUMSUM_DLOG_DECAY_TOL[dtype]}
+    check_against_float64(rng, "bidirectional", algorithm,
+                          (q, k, jnp.asarray(v, dtype), jnp.zeros((B, L, H))), dtype, looser,
+                          centre_values=True)
+
+
+def test_centre_values_needs_normalize():
+    x = jnp.ones((1, 16, 1, 16), jnp.bfloat16)
+    with pytest.raises(ValueError, match="centre_values=True needs normalize=True"):
+        pallas_kernels.bidirectional_linear_attention(x, x, x, normalize=False,
+                                                      centre_values=True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_centred_values(rng, dtype):
+    """m is the mean over L to within half a unit in the last place (ulp) of max |v|, on that
+    grid, and ``v - m`` is exact in v's dtype wherever it stays in v's binade or below."""
+    from pallas_kernels.linear_attention import centred_values
+    v = rng.standard_normal((2, 77, 3, 24)) * rng.uniform(0.1, 10, (1, 1, 3, 24))
+    v = jnp.asarray(v + rng.uniform(-5, 5, (2, 1, 3, 24)), dtype)
+    centred, m = centred_values(v)
+    assert centred.dtype == dtype and m.dtype == jnp.float32 and m.shape == (2, 3, 24)
+    v64, m = np.asarray(v, np.float64), np.asarray(m, np.float64)
+    top = np.max(np.abs(v64), axis=1)
+    ulp = 2.0 ** (np.floor(np.log2(top)) - jnp.finfo(dtype).nmant)
+    assert np.all(np.abs(m - v64.mean(axis=1)) <= ulp / 2 + 1e-5 * top)  # float32 mean
+    np.testing.assert_array_equal(m / ulp, np.round(m / ulp))
+    diff = v64 - m[:, None]
+    with np.errstate(divide="ignore"):
+        same_binade = np.floor(np.log2(np.abs(diff))) <= np.floor(np.log2(np.abs(v64)))
+    exact = same_binade | (v64 == 0)
+    assert np.mean(exact) > 0.5
+    np.testing.assert_array_equal(np.asarray(centred, np.float64)[exact], diff[exact])
+    zero, m0 = centred_values(jnp.zeros((1, 5, 1, 16), dtype))
+    assert not np.any(np.asarray(m0)) and not np.any(np.asarray(zero))
 
 
 MOSAIC_CASES = [  # op, L, K, V, decay, with s0 / normalize
