@@ -191,9 +191,9 @@ _bidir.defvjp(_bidir_fwd, _bidir_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _bidir_normalised(q, k, v, g, m, cfg, eps):
-    """Normalised LION ``[B, Lp, H, V]`` float32 of the values ``v + m`` (v centred, m
-    ``[B, H, V]``, see :func:`centred_values`) by the scans: the denominator is the numerator
-    of a ones column of V, and the output ``(num + den m) / (den + eps)``."""
+    """Normalised LION ``[B, Lp, H, V]`` float32 by the scans: the denominator is the numerator
+    of a ones column of V. m None, or ``[B, H, V]``: the output of the values ``v + m`` (v
+    centred, see :func:`centred_values`), ``(num + den m) / (den + eps)``."""
     return _bidir_normalised_fwd(q, k, v, g, m, cfg, eps)[0]
 
 
@@ -229,7 +229,8 @@ def _fused_cfg(cfg):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
 def _lion(q, k, v, g, m, cfg, normalize, eps):
     """LION output ``[B, Lp, H, V]`` in v.dtype from the fused kernel (normalised or not);
-    normalised, of the values ``v + m`` (v centred, see :func:`centred_values`)."""
+    m None, or (normalised) ``[B, H, V]``: the output of the values ``v + m`` (v centred, see
+    :func:`centred_values`)."""
     out = bidirectional_scan(q, k, v, g, offset=m, normalize=normalize, eps=eps,
                              **_fused_cfg(cfg))
     return out[0] if normalize else out
@@ -291,12 +292,12 @@ _lion.defvjp(_lion_fwd, _lion_bwd)
 
 def _normalised_cotangents(dy, y, den, eps, v):
     """``(dnum, dq_in, v_in)`` of normalised LION for the scans of its backward pass, from
-    dy ``[B, L, H, V]``, ``y - m`` to float32 precision (the output less the values' centre,
-    :func:`centred_values`), den ``[B, L, H]`` float32 and the centred v.
+    dy ``[B, L, H, V]``, ``y - m`` to float32 precision (the output less the values' centre
+    m, :func:`centred_values`; m = 0 uncentred), den ``[B, L, H]`` float32 and v (centred).
 
-    ``dnum = dy / (den + eps)`` in v's dtype and ``dden = -(dnum . (y - m))`` from dnum as the scans
-    see it, so that the weights' cotangent ``G_ij = dnum_i . v_j + dden_i`` keeps its zero mean
-    under the weights (dq and dk are sums that cancel); ``dq_in = [dnum | dden]`` and
+    ``dnum = dy / (den + eps)`` in v's dtype and ``dden = -(dnum . (y - m))`` from dnum as the
+    scans see it, so that the weights' cotangent ``G_ij = dnum_i . v_j + dden_i`` keeps its
+    zero mean under the weights (dq and dk are sums that cancel); ``dq_in = [dnum | dden]`` and
     ``v_in = [v | 1]`` carry dden through the dq and dk scans as one more feature column, two
     for 16-bit v (dden in two 16-bit parts, ``bidirectional.two_parts``, against two ones
     columns: bf16, L = 100, log-decay ~ U[-20, 0], dq's relative RMS error was 2.4e-2 with one
@@ -487,10 +488,10 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
         other kernels are Triton-lowered either way.
       centre_values: normalize only: run the kernels on ``v - m`` (m: v's mean over L, see
         :func:`centred_values`) and add m back in the output. Exact either way; with 16-bit
-        inputs and values far from zero mean it keeps the gradients' precision (bf16, no decay,
-        v = |N(0, 1)| + 2, L = 100: dq's relative RMS error 4.2e-2 -> 3.3e-3; it grows with L
-        uncentred), at the cost of two XLA passes over v (H200, B4 H16 L = 32K, D = 128: 0.52
-        ms, 5 % of forward + backward; docs/kernels.md).
+        inputs and values far from zero mean it keeps the gradients' precision (H200, bf16,
+        no decay, v = |N(0, 1)| + 2: dq's relative RMS error 2.5e-1 -> 2.8e-3 at L = 1K,
+        5.2e-1 -> 3.3e-3 at 4K; uncentred it grows with L), at the cost of two XLA passes over
+        v (B4 H16 L = 32K, D = 128: 0.52 ms, 5 % of forward + backward; docs/kernels.md).
     Returns:
       ``y [B, L, H, V]`` in v.dtype.
     """
