@@ -269,11 +269,34 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     (dict(feature_map="softmax"), "unknown feature map"),
     (dict(num_heads=0), "num_heads must be positive"),
     (dict(chunk_size=0), "chunk_size must be positive"),
+    (dict(centre_values=True, causal=True), "centre_values=True needs the bidirectional op"),
+    (dict(centre_values=True, variant="retnet"), "centre_values=True needs"),
+    (dict(centre_values=True, variant="xlstm"), "centre_values=True needs"),
 ])
 def test_bad_config_raises(kwargs, match):
     config = dict(num_heads=H, head_dim=K) | kwargs
     with pytest.raises(ValueError, match=match):
         LionAttention(**config)
+
+
+@pytest.mark.parametrize("variant", ["lit", "s"])
+def test_centre_values_keeps_the_output(rng, variant):
+    """centre_values=True (values centred inside the op's kernels) gives the same layer output
+    and gradients as without, on the Pallas kernels (interpret mode on CPU)."""
+    x = jnp.asarray(rng.normal(size=(B, L, D)), jnp.float32)
+    layer = make_layer(variant, "scalar", head_dim=16, value_dim=16, impl="pallas",
+                       chunk_size=16)
+    params = layer.init(jax_key(rng), x)
+
+    def loss(params, centre):
+        y = layer.clone(centre_values=centre).apply(params, x)
+        return jnp.sum(y * jnp.sin(jnp.arange(y.size).reshape(y.shape))), y
+
+    (_, y0), g0 = jax.value_and_grad(loss, has_aux=True)(params, False)
+    (_, y1), g1 = jax.value_and_grad(loss, has_aux=True)(params, True)
+    assert rel_err(y1, y0) <= 1e-5
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+        assert rel_err(a, b) <= 1e-4
 
 
 def test_defaults_per_variant():

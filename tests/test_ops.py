@@ -319,6 +319,32 @@ def test_pallas_impl_routes_to_the_kernels(rng, normalize):
             assert rel_err(x, y) <= 1e-5
 
 
+def test_pallas_centre_values(rng):
+    """centre_values=True reaches the kernels: bf16 values far from zero mean, no decay, keep
+    the gradient's precision (the same inputs without it are far off: the check has teeth);
+    the XLA forms ignore it; without normalize it is an error."""
+    q, k, v, _, cot = make_inputs(rng, decay="none", normalize=True, dtype=np.float32, L=150,
+                                  K=16, V=16)
+    v = jnp.abs(v) + 2.0
+    args16 = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+
+    def dq(impl, args, centre):
+        f = lambda q_: ops.lion_attention(q_, *args[1:], impl=impl, chunk_size=16,  # noqa
+                                          centre_values=centre)
+        y, vjp = jax.vjp(f, args[0])
+        return y, vjp(cot.astype(y.dtype))[0]
+
+    with jax.enable_x64(True):
+        args64 = [jnp.asarray(np.asarray(x, np.float64)) for x in args16]
+        y_ref, dq_ref = dq("attention", args64, False)
+        assert rel_err(dq("attention", args64, True)[1], dq_ref) == 0.0
+    y, got = dq("pallas", args16, True)
+    assert rel_err(y, y_ref) <= 5e-3 and rel_err(got, dq_ref) <= 5e-3
+    assert rel_err(dq("pallas", args16, False)[1], dq_ref) > 5e-3
+    with pytest.raises(ValueError, match="centre_values=True needs normalize=True"):
+        ops.lion_attention(*args16, normalize=False, centre_values=True)
+
+
 def test_pallas_impl_rejects_unsupported_shapes_clearly(rng):
     """A shape the kernels do not take is a ValueError with the reason for impl="pallas"; for
     impl="auto" (CPU or GPU) it means an XLA form, here the materialized one (L <= 256)."""
