@@ -20,11 +20,6 @@ The intra-chunk block is computed once with the symmetric mask (the diagonal cou
 the normaliser states ``sum_j decay_j k_j`` that the states kernel carries beside the state
 (``with_z``). Every exponent is a chunk-local
 sum of log-decays (<= 0), summed directly.
-
-For the backward pass (``linear_attention.py``) the kernel also takes a ``partner [B, L, H, V]``
-and returns ``r_i = partner_i . (sum_{j < i} - sum_{j > i})`` of the same terms (the causal
-part minus the anti-causal part, one more matmul with the signed scores): the per-token
-derivative with respect to the cumulative log-decay needs exactly that difference.
 """
 
 import functools
@@ -67,15 +62,14 @@ def to_float32(y, y_low):
     return y if y_low is None else y + y_low.astype(jnp.float32)
 
 
-def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize, eps, signed,
-                   low_part, offset, precision):
-    """One (b, h, n, V-block): q, k ``[C, Kp]``; v, o (o's low part, partner) ``[C, BV]``;
+def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize, eps, low_part,
+                   offset, precision):
+    """One (b, h, n, V-block): q, k ``[C, Kp]``; v, o (o's low part) ``[C, BV]``;
     g ``[C]``; hf, hb ``[Kp, BV]``; zf, zb ``[Kp]`` (normalize); m ``[BV]`` (offset);
-    den, r ``[C]`` float32."""
+    den ``[C]`` float32."""
     refs = list(refs)
     zf_ref, zb_ref = (refs.pop(0), refs.pop(0)) if normalize else (None, None)
     m_ref = refs.pop(0) if offset else None
-    p_ref = refs.pop(0) if signed else None
     o_ref = refs.pop(0)
     lo_ref = refs.pop(0) if low_part else None
     q, k, v = q_ref[...], k_ref[...], v_ref[...]
@@ -111,17 +105,13 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, hf_ref, hb_ref, *refs, normalize,
         refs.pop(0)[...] = den
     else:
         o_ref[...] = num.astype(o_ref.dtype)
-    if signed:
-        diff = (pltriton.dot((scores * _signs(a.shape[0])).astype(dtype), v, precision=precision)
-                + inter_f - inter_b)
-        refs.pop(0)[...] = jnp.sum(p_ref[...].astype(jnp.float32) * diff, axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("normalize", "eps", "chunk", "block_v",
                                              "out_dtype", "interpret", "num_warps",
                                              "num_stages", "splits", "return_states",
                                              "low_part", "backend"))
-def bidirectional_scan(q, k, v, log_decay, partner=None, offset=None, *, normalize=False,
+def bidirectional_scan(q, k, v, log_decay, offset=None, *, normalize=False,
                        eps=1e-6, chunk=64, block_v=None, out_dtype=None, interpret=False,
                        num_warps=None, num_stages=2, splits=None, return_states=False,
                        low_part=False, backend=None):
@@ -130,8 +120,6 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, offset=None, *, normali
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
       log_decay: ``[B, L, H]``, entries ``<= 0``.
-      partner: None or ``[B, L, H, V]``: also return ``r`` (causal minus anti-causal part of
-        the output, dotted with ``partner``).
       normalize, eps: divide by ``den + eps``; also return ``den``.
       offset: normalize only: None or m ``[B, H, V]`` float32, a constant the caller took
         from v (``v = v_c + m``, v_c passed as ``v``): the output is then
@@ -149,7 +137,7 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, offset=None, *, normali
         or, if normalize, ``(h, z)`` (z ``[2, B, H, N, Kp]`` float32).
     Returns:
       ``o [B, L, H, V]``, then its low part if low_part, then ``den [B, L, H]`` float32 if
-      normalize, then ``r [B, L, H]`` float32 if partner is given, then the states if
+      normalize, then the states if
       return_states (a tuple when more than ``o``).
     """
     B, L, H, K = q.shape
@@ -190,14 +178,8 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, offset=None, *, normali
             in_specs.append(pl.BlockSpec((None, None, bv), lambda b, h, n, j: (b, h, j)))
         out_specs.append(row_spec)
         out_shape.append(row_shape)
-    if partner is not None:
-        args.append(_pad_axis(partner.astype(v.dtype), 3, vp))
-        in_specs.append(v_spec)
-        out_specs.append(row_spec)
-        out_shape.append(row_shape)
     outs = pl.pallas_call(
-        functools.partial(_output_kernel, normalize=normalize, eps=eps,
-                          signed=partner is not None, low_part=low_part,
+        functools.partial(_output_kernel, normalize=normalize, eps=eps, low_part=low_part,
                           offset=offset is not None, precision=precision),
         grid=(B, H, N, nvb), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=params, interpret=interpret, name="bidirectional_outputs",
@@ -205,8 +187,6 @@ def bidirectional_scan(q, k, v, log_decay, partner=None, offset=None, *, normali
     outs = [x[..., :V] for x in outs[:1 + low_part]] + list(outs[1 + low_part:])
     if normalize:
         outs[1 + low_part] = outs[1 + low_part][:, 0]
-    if partner is not None:
-        outs[-1] = jnp.sum(outs[-1], axis=1)
     if return_states:
         outs.append(states)
     return outs[0] if len(outs) == 1 else tuple(outs)

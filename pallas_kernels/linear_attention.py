@@ -11,12 +11,14 @@ Every forward and backward pass is a handful of calls of one kernel,
     dk = scan_rev(v, do, q; dS_T^T): dk_j = sum_{i>=j} (do_i . v_j) e^{A_i-A_j} q_i
                                              + e^{A_T-A_j} dS_T v_j
     dv = scan_rev(k, q, do; dS_T), whose end state is dS0
-    dA_t = q_t . dq_t - k_t . dk_t (+ <S_T, dS_T> at the last token)
-    dlog_decay = reverse cumsum of dA over L
+    dlog_decay_t = sum_{j < t <= i} (q_i . k_j)(do_i . v_j) e^{A_i-A_j}   (pair_sums.py)
 
-(``dA_t`` is the row sum minus the column sum of ``W * (do v^T)``.) For LION's symmetric mask
-``M_ij = exp(-|A_i - A_j|)``: ``dq = Bidir(do, v, k)``, ``dk = Bidir(v, do, q)``,
-``dv = Bidir(k, q, do)``, and ``dA`` takes the causal part with + and the anti-causal part with -.
+For LION's symmetric mask ``M_ij = exp(-|A_i - A_j|)``: ``dq = Bidir(do, v, k)``,
+``dk = Bidir(v, do, q)``, ``dv = Bidir(k, q, do)``, and d log_decay sums the pairs of both
+orders. d log_decay is never the reverse cumsum of ``q_t . dq_t - k_t . dk_t`` for scalar
+decay: its O(1) terms cancel over L, and their rounding added up (bf16 1.4e-2 before the pair
+sums of the fused kernels; float32 1.1e-5, bf16 6.4e-3 on the scan paths before
+``pair_sums.py``).
 The residuals are the inputs (and the final state), plus, for the fused two-pass backward
 kernels, the forward's chunk states when they are at most twice the size of q or v
 (``keep_states``; the backward then skips those states walks): O(L d), never O(L^2).
@@ -25,7 +27,7 @@ Per-feature decay ``[B, L, H, K]`` (causal only; ``per_feature.py``): ``y`` is t
 and, with the decay now on the state's K axis, ``dq = scan_value(do, v, k; S0^T)``,
 ``dk = scan_value_rev(v, do, q; dS_T^T)``, ``dv = scan_key_rev(k, q, do; dS_T)`` (end state
 ``dS0``) and ``dA_t = q_t * dq_t - k_t * dk_t`` elementwise (``+ sum_v S_T * dS_T`` at the last
-token), reverse-cumsummed over L.
+token), reverse-cumsummed over L (per-feature pair sums are not written yet).
 
 Two algorithms. ``"two_pass"`` (the default): a states kernel walks the chunks (one small
 matmul per step, ``two_pass.py``), then every chunk is a program of its own; the causal forward
@@ -36,7 +38,7 @@ bidirectional kernel with the normaliser in the same pass and its backward anoth
 term over the tokens its decay spans (``chunk_scan.crossing_sums``), which keeps bf16 rounding
 from adding up over L (causal bf16 d log_decay under strong decay: 1.4e-2 -> 2.7e-4). Head
 dims above 128 fall back to the scans above (three for the causal backward, three fused
-bidirectional scans for LION's). ``"sequential"``: every scan is
+bidirectional scans for LION's) with d log_decay from ``pair_sums.py`` (XLA). ``"sequential"``: every scan is
 ``chunk_scan`` (one program per (b, h, V-block) walking the chunks), LION as a forward plus a
 reverse scan with the normaliser as a ones column of V. Per-feature decay always uses the
 chunk-parallel form of ``per_feature.py``. ``backend`` picks the two-pass states walks' kernel:
@@ -54,6 +56,7 @@ from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
 from pallas_kernels.chunk_scan import chunk_scan, reverse_cumsum
+from pallas_kernels.pair_sums import causal_pair_sums, lion_pair_sums
 from pallas_kernels.per_feature import chunk_scan_per_feature
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 from pallas_kernels.two_pass import BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper
@@ -131,15 +134,15 @@ def _causal_bwd(cfg, res, cotangents):
                   strict=True, **cfg)
     dv, ds0 = _scan(k, q, dy, g, d_state, reverse=True, **cfg)
     q32, k32 = q.astype(jnp.float32), k.astype(jnp.float32)
-    if g.ndim == 4:  # per key feature: dA_t = q_t * dq_t - k_t * dk_t elementwise
+    if g.ndim == 4:  # per key feature: dA_t = q_t * dq_t - k_t * dk_t elementwise, summed
         dA = q32 * dq - k32 * dk
-        dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=3))
-    else:
-        dA = _dot_last(q, dq) - _dot_last(k, dk)
-        dA = dA.at[:, -1].add(jnp.sum(state * d_state, axis=(2, 3)))
+        dA = reverse_cumsum(dA.at[:, -1].add(jnp.sum(state * d_state, axis=3)))
+    else:  # each pair's term over the tokens its decay spans (no O(1) terms cancel over L)
+        dA = causal_pair_sums(q, k, v, dy, g, chunk=cfg["chunk"], initial_state=s0,
+                              d_state=d_state)
     diagonal = _dot_last(dy, v)[..., None]
     return ((dq + diagonal * k32).astype(q.dtype), (dk + diagonal * q32).astype(k.dtype),
-            dv.astype(v.dtype), reverse_cumsum(dA).astype(g.dtype), None if s0 is None else ds0)
+            dv.astype(v.dtype), dA.astype(g.dtype), None if s0 is None else ds0)
 
 
 _causal.defvjp(_causal_fwd, _causal_bwd)
@@ -148,11 +151,11 @@ _causal.defvjp(_causal_fwd, _causal_bwd)
 # ---------------------------------------------------------------------- bidirectional core
 
 
-def _bidir_scans(q, k, v, g, cfg, diagonal_in_forward=True):
+def _bidir_scans(q, k, v, g, cfg):
     """LION numerator ``sum_j (q_i . k_j) exp(-|A_i - A_j|) v_j`` as its (causal j <= i,
-    anti-causal j > i) float32 parts; the diagonal goes to the reverse part if not forward."""
-    forward, _ = _scan(q, k, v, g, strict=not diagonal_in_forward, **cfg)
-    backward, _ = _scan(q, k, v, g, reverse=True, strict=diagonal_in_forward, **cfg)
+    anti-causal j > i) float32 parts."""
+    forward, _ = _scan(q, k, v, g, **cfg)
+    backward, _ = _scan(q, k, v, g, reverse=True, strict=True, **cfg)
     return forward, backward
 
 
@@ -177,13 +180,11 @@ def _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum):
     """``(dq, dk, dv, dlog_decay)`` of the numerator ``Bidir(q, k, v)`` by six scans: the weights'
     cotangent is ``dq_in_i . v_in_j`` (``dnum``, ``v`` for the numerator alone; with LION's
     normaliser the columns of :func:`_normalised_cotangents`), dv takes ``dnum``."""
-    dq_f, dq_b = _bidir_scans(dq_in, v_in, k, g, cfg)
-    # k_j is the key of output i: its causal part (i >= j) is the reverse scan over i.
-    dk_b, dk_f = _bidir_scans(v_in, dq_in, q, g, cfg, diagonal_in_forward=False)
-    dv_f, dv_b = _bidir_scans(k, q, dnum, g, cfg)
-    dA = (_dot_last(q, dq_f) - _dot_last(k, dk_f)) - (_dot_last(q, dq_b) - _dot_last(k, dk_b))
-    return ((dq_f + dq_b).astype(q.dtype), (dk_f + dk_b).astype(k.dtype),
-            (dv_f + dv_b).astype(dnum.dtype), reverse_cumsum(dA).astype(g.dtype))
+    dq = sum(_bidir_scans(dq_in, v_in, k, g, cfg))
+    dk = sum(_bidir_scans(v_in, dq_in, q, g, cfg))
+    dv = sum(_bidir_scans(k, q, dnum, g, cfg))
+    dA = lion_pair_sums(q, k, v_in, dq_in, g, chunk=cfg["chunk"])
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(dnum.dtype), dA.astype(g.dtype)
 
 
 _bidir.defvjp(_bidir_fwd, _bidir_bwd)
@@ -279,12 +280,11 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
         if m is not None:
             y = y - m[:, None]
         dnum, dq_in, v_in = _normalised_cotangents(dy, y, den, eps, v)
-    dq, r_q = scan(dq_in, v_in, k, g, q, out_dtype=q.dtype)
-    dk, r_k = scan(v_in, dq_in, q, g, k, out_dtype=k.dtype)
+    dq = scan(dq_in, v_in, k, g, out_dtype=q.dtype)
+    dk = scan(v_in, dq_in, q, g, out_dtype=k.dtype)
     dv = scan(k, q, dnum, g, out_dtype=v.dtype)
-    # dA_t = q_t.(dq_causal - dq_anticausal) - k_t.(dk_causal - dk_anticausal); for dk the
-    # kernel's "j < t" part is the anti-causal one, so r_k already carries the minus sign.
-    return dq, dk, dv, reverse_cumsum(r_q + r_k).astype(g.dtype), dm
+    dA = lion_pair_sums(q, k, v_in, dq_in, g, chunk=cfg["chunk"])
+    return dq, dk, dv, dA.astype(g.dtype), dm
 
 
 _lion.defvjp(_lion_fwd, _lion_bwd)

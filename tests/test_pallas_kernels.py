@@ -17,21 +17,17 @@ import pallas_kernels
 from experiments.kernel_precision import kernel_and_reference
 from lion_jax import ops
 from pallas_kernels.bidirectional import supported as lion_backward_supported
-from pallas_kernels.causal_backward import supported as causal_backward_supported
 
 ON_GPU = jax.default_backend() == "gpu"
 # float32: exact float32 dots (no TF32); the GPU bound is looser for reordered accumulation.
 TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5e-3}
-# d log_decay: the fused backward kernels (the default for head dims <= 128, float32 <= 64)
-# sum each pair's term over the tokens its decay spans (chunk_scan.crossing_sums) and meet TOL.
-# The scans of the other paths (head dims > 128, float32 dims > 64; algorithm="sequential";
-# per-feature decay) take it as the reverse cumsum over L of q_t.dq_t - k_t.dk_t, with dq and dk
-# from strict scans (no diagonal pair, the O(1) term that cancels). The other pairs still cancel
-# in the cumsum, so its rounding adds up over L. Measured (interpret mode, docs/benchmarks.md
-# session 10): float32 at most 2.3e-6 at L = 100 (any decay, no initial state) but 1.1e-5 at
-# L = 70 with an initial state (head dims 96 / 80, chunk 64, log_decay ~ U[-20, 0]); bf16,
-# where the two scans also round each pair's term differently, per-feature up to 5.8e-3 and
-# sequential 6.4e-3 (L = 100, log_decay ~ U[-0.5, 0]).
+# d log_decay: every scalar-decay path sums each pair's term over the tokens its decay spans
+# (the fused kernels: chunk_scan.crossing_sums; the scan paths: pair_sums.py) and meets TOL.
+# Per-feature decay still takes it as the reverse cumsum over L of q_t * dq_t - k_t * dk_t,
+# with dq and dk from strict scans (no diagonal pair, the O(1) term that cancels). The other
+# pairs still cancel in the cumsum, so its rounding adds up over L: bf16, where the two scans
+# also round each pair's term differently, up to 5.8e-3 (L = 100, log_decay ~ U[-0.5, 0];
+# interpret mode, docs/benchmarks.md session 10).
 CUMSUM_DLOG_DECAY_TOL = {jnp.float32: 1e-4, jnp.bfloat16: 1e-2}
 # Normalised LION's dq, dk in bf16 are sums that cancel (the weights' cotangent has zero mean
 # under the weights): the kernels take the weights and their cotangent G * M in two 16-bit
@@ -131,11 +127,9 @@ def test_causal_forward_and_grads(rng, L, K, V, chunk, decay, with_s0, algorithm
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy), f64(ds)))
     names = "q k v log_decay initial_state".split()
-    fused = (algorithm == "two_pass" and not per_feature
-             and causal_backward_supported(K, V, jnp.float32))
     check_close(got, want, jnp.float32, ["y", "final_state"])
     check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums],
-                None if fused else {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[jnp.float32]})
+                {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[jnp.float32]} if per_feature else None)
 
 
 BIDIR_CASES = [  # L, K, V, chunk, decay, normalize, algorithm
@@ -175,10 +169,8 @@ def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize, 
         want = reference(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
     names = "q k v log_decay".split()
-    fused = algorithm == "two_pass" and lion_backward_supported(K, V, jnp.float32, chunk)
     check_close([got], [want], jnp.float32, ["y"])
-    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums],
-                None if fused else {"dlog_decay": CUMSUM_DLOG_DECAY_TOL[jnp.float32]})
+    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
 
 
 def check_against_float64(rng, op, algorithm, args, dtype, looser=None, **options):
@@ -220,7 +212,7 @@ def test_half_precision(rng, dtype, op, K, V):
 
 # bf16 under no and strong decay, on every backward path. LION takes positive q, k (feature maps)
 # and zero-mean v. Looser where measured (interpret mode, L = 100, 2-3 seeds, docs/benchmarks.md
-# session 10): the reverse-cumsum d log_decay (CUMSUM_DLOG_DECAY_TOL), and dq of LION's scans
+# session 10): per-feature d log_decay (CUMSUM_DLOG_DECAY_TOL), and dq of LION's scans
 # (sequential, and the three fused scans for V > 128), whose intra-chunk operand is the
 # weights' cotangent in one 16-bit part: under strong decay sequential up to 7.7e-3, V = 144
 # 3.0e-3 to 5.5e-3 over 18 seeds (session 11; one over 5e-3). Two parts there put dq's and
@@ -247,7 +239,7 @@ def test_half_precision_decays(rng, op, K, V, algorithm, decay):
                              per_feature=op == "per_feature")
     v = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
     looser = {}
-    if op == "per_feature" or algorithm == "sequential":
+    if op == "per_feature":
         looser["dlog_decay"] = CUMSUM_DLOG_DECAY_TOL[dtype]
     if bidirectional and (algorithm == "sequential" or not lion_backward_supported(
             K, V, dtype, 32)):
@@ -278,7 +270,7 @@ def test_lion_offset_values(rng, K, V, algorithm, L):
     v[:, :, 1] = 0.1 * rng.standard_normal((B, L, V)) + 8
     looser = None
     if algorithm == "sequential":
-        looser = {"dq": SCAN_LION_DQ_TOL, "dlog_decay": CUMSUM_DLOG_DECAY_TOL[dtype]}
+        looser = {"dq": SCAN_LION_DQ_TOL}
     check_against_float64(rng, "bidirectional", algorithm,
                           (q, k, jnp.asarray(v, dtype), jnp.zeros((B, L, H))), dtype, looser,
                           centre_values=True)
