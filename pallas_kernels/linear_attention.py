@@ -38,10 +38,10 @@ bidirectional kernel with the normaliser in the same pass and its backward anoth
 term over the tokens its decay spans (``chunk_scan.crossing_sums``), which keeps bf16 rounding
 from adding up over L (causal bf16 d log_decay under strong decay: 1.4e-2 -> 2.7e-4). Head
 dims above 128 fall back to the scans above (three for the causal backward, three fused
-bidirectional scans for LION's) with d log_decay from ``pair_sums.py`` (XLA). ``"sequential"``: every scan is
-``chunk_scan`` (one program per (b, h, V-block) walking the chunks), LION as a forward plus a
-reverse scan with the normaliser as a ones column of V. Per-feature decay always uses the
-chunk-parallel form of ``per_feature.py``. ``backend`` picks the two-pass states walks' kernel:
+bidirectional scans for LION's) with d log_decay from ``pair_sums.py`` (XLA).
+``"sequential"``: every scan is ``chunk_scan`` (one program per (b, h, V-block) walking the
+chunks), LION as a forward plus a reverse scan with the normaliser as a ones column of V.
+Per-feature decay always uses the chunk-parallel form of ``per_feature.py``. ``backend`` picks the two-pass states walks' kernel:
 Mosaic GPU on Hopper where it applies (``mosaic_states.py``), else Triton.
 """
 
@@ -128,7 +128,8 @@ def _causal_bwd(cfg, res, cotangents):
         return dq, dk, dv, dlog_decay.astype(g.dtype), ds0
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
     # dq and dk without the diagonal pairs (strict scans), whose terms q_t k_t (dy_t . v_t)
-    # cancel exactly in dA but would leave their rounding in it; added back in float32.
+    # cancel exactly in the per-feature dA but would leave their rounding in it; added back in
+    # float32 (the same result as inclusive scans where dA comes from the pair sums).
     dq, _ = _scan(dy, v, k, g, s0_t, decay_on="value", strict=True, **cfg)
     dk, _ = _scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), decay_on="value", reverse=True,
                   strict=True, **cfg)
