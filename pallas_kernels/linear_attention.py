@@ -41,8 +41,9 @@ dims above 128 fall back to the scans above (three for the causal backward, thre
 bidirectional scans for LION's) with d log_decay from ``pair_sums.py`` (XLA).
 ``"sequential"``: every scan is ``chunk_scan`` (one program per (b, h, V-block) walking the
 chunks), LION as a forward plus a reverse scan with the normaliser as a ones column of V.
-Per-feature decay always uses the chunk-parallel form of ``per_feature.py``. ``backend`` picks the two-pass states walks' kernel:
-Mosaic GPU on Hopper where it applies (``mosaic_states.py``), else Triton.
+Per-feature decay always uses the chunk-parallel form of ``per_feature.py``. ``backend``
+picks the two-pass states walks' kernel: Mosaic GPU on Hopper where it applies
+(``mosaic_states.py``), else Triton.
 """
 
 import functools
