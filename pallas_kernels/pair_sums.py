@@ -29,6 +29,11 @@ _EXACT = jax.lax.Precision.HIGHEST
 _einsum = functools.partial(jnp.einsum, precision=_EXACT)
 
 
+def _per_chunk(f):
+    """``f`` of one chunk's arrays mapped over the leading ``[N, B, H]`` axes."""
+    return jax.vmap(jax.vmap(jax.vmap(f)))
+
+
 def _chunks(x, chunk):
     """``[B, L, H, ...]`` as float32 ``[N, B, H, C, ...]``."""
     B, L, H = x.shape[:3]
@@ -51,13 +56,13 @@ def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_sta
     Q, Kc, Vc, DO = (_chunks(x, chunk) for x in (q, k, v, do))  # [N, B, H, C, D]
     a = _chunks(log_decay, chunk)  # [N, B, H, C]
     ends = functools.partial(intra_decay, reverse=False, strict=False)
-    decay, head, tail = jax.vmap(jax.vmap(jax.vmap(ends)))(a)
+    decay, head, tail = _per_chunk(ends)(a)
     eh, et, whole = jnp.exp(head), jnp.exp(tail), jnp.exp(jnp.sum(a, axis=-1))
     idx = jnp.arange(chunk)
     below = idx[:, None] > idx[None, :]
     inside = (_einsum("nbhik,nbhjk->nbhij", Q, Kc) * _einsum("nbhiv,nbhjv->nbhij", DO, Vc)
               * decay)
-    after = jax.vmap(jax.vmap(jax.vmap(pair_balance)))(jnp.where(below, inside, 0.0))
+    after = _per_chunk(pair_balance)(jnp.where(below, inside, 0.0))
 
     def forward(h, xs):  # h: the state entering the chunk
         q_, k_, v_, do_, eh_, et_, whole_ = xs
@@ -72,6 +77,7 @@ def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_sta
     def backward(dh, xs):  # dh: the queries' state leaving the chunk
         q_, k_, v_, do_, eh_, et_, whole_, h_ = xs
         to_after = _einsum("bhjv,bhkv->bhjk", v_, dh) * et_[..., None]
+        # chunk_scan.through_terms' sum, taken here so that dh is never kept whole
         through = whole_ * jnp.sum(h_ * dh, axis=(-2, -1))
         dh_prev = whole_[..., None, None] * dh + _einsum("bhik,bhiv->bhkv", q_ * eh_[..., None],
                                                          do_)
@@ -80,7 +86,7 @@ def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_sta
     ds = zero if d_state is None else d_state.astype(jnp.float32)
     _, (before, through) = jax.lax.scan(backward, ds, (Q, Kc, Vc, DO, eh, et, whole, h),
                                         reverse=True)
-    sums = jax.vmap(jax.vmap(jax.vmap(crossing_sums)))(before, after + after_inter)
+    sums = _per_chunk(crossing_sums)(before, after + after_inter)
     sums = sums + through[..., None]  # [N, B, H, C]
     return jnp.moveaxis(sums, 0, 1).transpose(0, 1, 3, 2).reshape(B, L, H)
 
