@@ -56,7 +56,7 @@ from pallas_kernels.bidirectional import (bidirectional_scan, lion_backward, to_
 from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
-from pallas_kernels.chunk_scan import chunk_scan, reverse_cumsum
+from pallas_kernels.chunk_scan import chunk_scan
 from pallas_kernels.pair_sums import causal_pair_sums, lion_pair_sums
 from pallas_kernels.per_feature import chunk_scan_per_feature
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
@@ -129,19 +129,16 @@ def _causal_bwd(cfg, res, cotangents):
         return dq, dk, dv, dlog_decay.astype(g.dtype), ds0
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
     # dq and dk without the diagonal pairs (strict scans), whose terms q_t k_t (dy_t . v_t)
-    # cancel exactly in the per-feature dA but would leave their rounding in it; added back in
-    # float32 (the same result as inclusive scans where dA comes from the pair sums).
+    # are added back in float32.
     dq, _ = _scan(dy, v, k, g, s0_t, decay_on="value", strict=True, **cfg)
     dk, _ = _scan(v, dy, q, g, jnp.swapaxes(d_state, 2, 3), decay_on="value", reverse=True,
                   strict=True, **cfg)
     dv, ds0 = _scan(k, q, dy, g, d_state, reverse=True, **cfg)
     q32, k32 = q.astype(jnp.float32), k.astype(jnp.float32)
-    if g.ndim == 4:  # per key feature: dA_t = q_t * dq_t - k_t * dk_t elementwise, summed
-        dA = q32 * dq - k32 * dk
-        dA = reverse_cumsum(dA.at[:, -1].add(jnp.sum(state * d_state, axis=3)))
-    else:  # each pair's term over the tokens its decay spans (no O(1) terms cancel over L)
-        dA = causal_pair_sums(q, k, v, dy, g, chunk=cfg["chunk"], initial_state=s0,
-                              d_state=d_state)
+    # each pair's term over the tokens its decay spans, per key feature for [B, L, H, K] decay
+    # (no O(1) terms cancel over L)
+    dA = causal_pair_sums(q, k, v, dy, g, chunk=cfg["chunk"], initial_state=s0,
+                          d_state=d_state)
     diagonal = _dot_last(dy, v)[..., None]
     return ((dq + diagonal * k32).astype(q.dtype), (dk + diagonal * q32).astype(k.dtype),
             dv.astype(v.dtype), dA.astype(g.dtype), None if s0 is None else ds0)
@@ -178,15 +175,16 @@ def _bidir_bwd(cfg, res, dy):
     return _bidir_grads(q, k, g, cfg, dy, v, dy)
 
 
-def _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum):
+def _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum, with_dq=True):
     """``(dq, dk, dv, dlog_decay)`` of the numerator ``Bidir(q, k, v)`` by six scans: the weights'
     cotangent is ``dq_in_i . v_in_j`` (``dnum``, ``v`` for the numerator alone; with LION's
-    normaliser the columns of :func:`_normalised_cotangents`), dv takes ``dnum``."""
-    dq = sum(_bidir_scans(dq_in, v_in, k, g, cfg))
+    normaliser the columns of :func:`_normalised_cotangents`), dv takes ``dnum``. ``with_dq``
+    False: dq is None (normalised LION takes it from :func:`_normalised_dq`)."""
+    dq = sum(_bidir_scans(dq_in, v_in, k, g, cfg)).astype(q.dtype) if with_dq else None
     dk = sum(_bidir_scans(v_in, dq_in, q, g, cfg))
     dv = sum(_bidir_scans(k, q, dnum, g, cfg))
     dA = lion_pair_sums(q, k, v_in, dq_in, g, chunk=cfg["chunk"])
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(dnum.dtype), dA.astype(g.dtype)
+    return dq, dk.astype(k.dtype), dv.astype(dnum.dtype), dA.astype(g.dtype)
 
 
 _bidir.defvjp(_bidir_fwd, _bidir_bwd)
@@ -200,23 +198,35 @@ def _bidir_normalised(q, k, v, g, m, cfg, eps):
     return _bidir_normalised_fwd(q, k, v, g, m, cfg, eps)[0]
 
 
-def _bidir_normalised_fwd(q, k, v, g, m, cfg, eps):
+def _normalised_output(q, k, v, g, m, cfg, eps):
+    """``(y, den)`` float32 of normalised LION by the scans (values ``v + m``, m None: 0)."""
     ones = jnp.ones(v.shape[:3] + (1,), v.dtype)
     out = sum(_bidir_scans(q, k, jnp.concatenate([v, ones], axis=-1), g, cfg))
     num, den = out[..., :-1], out[..., -1]
     if m is not None:
         num = num + den[..., None] * m[:, None]
-    y = num / (den + eps)[..., None]
-    return y, (q, k, v, g, m, y, den)
+    return num / (den + eps)[..., None], den
+
+
+def _bidir_normalised_fwd(q, k, v, g, m, cfg, eps):
+    return _normalised_output(q, k, v, g, m, cfg, eps)[0], (q, k, v, g, m)
 
 
 def _bidir_normalised_bwd(cfg, eps, res, dy):
-    q, k, v, g, m, y, den = res
+    """The gradients need y to float32 precision (the weights' cotangent
+    ``dnum_i . (v_j - y_i)`` has zero mean under the weights, and dq, dk cancel): 16-bit scans
+    leave y off by ~bf16's rounding, which put bf16 dq at 4.2e-3 with dq itself exact
+    (log-decay ~ U[-20, 0], L = 100; 1.7e-3 with y recomputed, bf16's output rounding). So y
+    and den are recomputed here by float32 scans (``_normalised_dq``'s float32 walks)."""
+    q, k, v, g, m = res
+    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    y, den = _normalised_output(f32(q), f32(k), f32(v), g, m, _float32_cfg(cfg), eps)
     dm = None
-    if m is not None:
+    if m is not None:  # the values' centre is a constant (centred_values)
         y, dm = y - m[:, None], jnp.zeros_like(m)
     dnum, dq_in, v_in = _normalised_cotangents(dy, y, den, eps, v)
-    return _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum) + (dm,)
+    _, dk, dv, dA = _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum, with_dq=False)
+    return _normalised_dq(q, k, v, g, cfg, dy, y, den, eps), dk, dv, dA, dm
 
 
 _bidir_normalised.defvjp(_bidir_normalised_fwd, _bidir_normalised_bwd)
@@ -277,12 +287,14 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
                                                backend=cfg["backend"])
         return dq, dk, dv, dlog_decay.astype(g.dtype), dm
     dnum, dq_in, v_in = dy, dy, v
-    if normalize:  # larger head dims: three fused scans, [dnum | dden] against [v | 1]
+    if normalize:  # larger head dims: fused scans, [dnum | dden] against [v | 1]
         y = to_float32(y, low)
         if m is not None:
             y = y - m[:, None]
         dnum, dq_in, v_in = _normalised_cotangents(dy, y, den, eps, v)
-    dq = scan(dq_in, v_in, k, g, out_dtype=q.dtype)
+        dq = _normalised_dq(q, k, v, g, cfg, dy, y, den, eps)
+    else:
+        dq = scan(dq_in, v_in, k, g, out_dtype=q.dtype)
     dk = scan(v_in, dq_in, q, g, out_dtype=k.dtype)
     dv = scan(k, q, dnum, g, out_dtype=v.dtype)
     dA = lion_pair_sums(q, k, v_in, dq_in, g, chunk=cfg["chunk"])
@@ -310,6 +322,33 @@ def _normalised_cotangents(dy, y, den, eps, v):
     dq_in = jnp.concatenate([dnum] + [p[..., None].astype(v.dtype) for p in parts], axis=-1)
     ones = jnp.ones(v.shape[:3] + (len(parts),), v.dtype)
     return dnum, dq_in, jnp.concatenate([v, ones], axis=-1)
+
+
+def _float32_cfg(cfg):
+    """``cfg`` for scans of float32 operands: Mosaic GPU walks take 16-bit ones only."""
+    return dict(cfg, backend=None) if cfg.get("backend") == "mosaic" else cfg
+
+
+def _normalised_dq(q, k, v, g, cfg, dy, y, den, eps):
+    """dq ``[B, Lp, H, K]`` in q.dtype of normalised LION for the scan backwards, by float32
+    scans: ``dq_i = sum_j M_ij k_j (dnum_i . v_j + dden_i) = Bidir(dnum, v, k)_i
+    + dden_i Bidir(1, 1, k)_i`` (dnum, dden as in :func:`_normalised_cotangents`, unrounded;
+    y less the values' centre, to float32 precision).
+
+    The two terms cancel (the weights' cotangent has zero mean under the weights), so 16-bit
+    operands, whose rounding the terms do not share, set dq's error: bf16, L = 100, log-decay
+    ~ U[-20, 0], dq was up to 7.7e-3 (sequential) and 5.5e-3 (V > 128) with the weights'
+    cotangent and the states rounded to bf16; float32 scans take it to ~1e-6 (session 13,
+    docs/benchmarks.md). These paths are for head dims above the fused kernels' and
+    ``algorithm="sequential"``, not for speed; float32 operands take the Triton walks."""
+    f32 = jnp.float32
+    dnum = dy.astype(f32) / (den + eps)[..., None]
+    dden = -jnp.sum(dnum * y, axis=-1)
+    k32, ones = k.astype(f32), jnp.ones(k.shape[:3] + (1,), f32)
+    cfg = _float32_cfg(cfg)
+    dq = (sum(_bidir_scans(dnum, v.astype(f32), k32, g, cfg))
+          + dden[..., None] * sum(_bidir_scans(ones, ones, k32, g, cfg)))
+    return dq.astype(q.dtype)
 
 
 def _dot_last(a, b):

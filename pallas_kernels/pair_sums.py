@@ -23,7 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.chunk_scan import crossing_sums, intra_decay, pair_balance
+from pallas_kernels.chunk_scan import chunk_decays, chunk_ends, crossing_sums, pair_balance
 
 _EXACT = jax.lax.Precision.HIGHEST
 _einsum = functools.partial(jnp.einsum, precision=_EXACT)
@@ -42,53 +42,72 @@ def _chunks(x, chunk):
 
 
 def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_state=None):
-    """d log_decay ``[B, L, H]`` float32 of causal linear attention with scalar decay.
+    """d log_decay of causal linear attention, ``[B, L, H]`` (scalar decay) or ``[B, L, H, K]``
+    (per key feature) float32, as ``log_decay``.
+
+    Per feature, every term is resolved by key feature: ``P_ijk = q_ik k_jk exp(A_ik - A_jk)
+    (do_i . v_j)``, summed over the pairs ``j < t <= i`` for ``dlog_decay_tk``. The pairs inside
+    a chunk then take a ``[B, H, C, C, K]`` float32 tile per step of the forward walk (scalar
+    decay: ``[B, H, C, C]``, from ``(q_i . k_j)``).
 
     Args:
       q, k: ``[B, L, H, K]``; v, do: ``[B, L, H, V]`` (do: the output's cotangent); L a
         multiple of ``chunk``.
-      log_decay: ``[B, L, H]``.
+      log_decay: ``[B, L, H]`` or ``[B, L, H, K]``.
       initial_state: None or ``S0 [B, H, K, V]``; d_state: None or ``dS_T [B, H, K, V]``, the
         final state's cotangent.
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
+    per_feature = log_decay.ndim == 4
     Q, Kc, Vc, DO = (_chunks(x, chunk) for x in (q, k, v, do))  # [N, B, H, C, D]
-    a = _chunks(log_decay, chunk)  # [N, B, H, C]
-    ends = functools.partial(intra_decay, reverse=False, strict=False)
-    decay, head, tail = _per_chunk(ends)(a)
-    eh, et, whole = jnp.exp(head), jnp.exp(tail), jnp.exp(jnp.sum(a, axis=-1))
+    a = _chunks(log_decay, chunk)  # [N, B, H, C, F]: F = K per feature, else 1
+    a = a if per_feature else a[..., None]
+    per_decay = functools.partial(jax.vmap, in_axes=-1, out_axes=-1)  # over F
+    head, tail = per_decay(_per_chunk(chunk_ends))(a)
+    eh, et, whole = jnp.exp(head), jnp.exp(tail), jnp.exp(jnp.sum(a, axis=-2))
+
+    def by_decay(x):
+        """``[..., K]`` terms summed to the decay's ``[..., F]``."""
+        return x if per_feature else jnp.sum(x, axis=-1, keepdims=True)
+
+    segments = per_decay(jax.vmap(jax.vmap(functools.partial(chunk_decays, reverse=False))))
     idx = jnp.arange(chunk)
-    below = idx[:, None] > idx[None, :]
-    inside = (_einsum("nbhik,nbhjk->nbhij", Q, Kc) * _einsum("nbhiv,nbhjv->nbhij", DO, Vc)
-              * decay)
-    after = _per_chunk(pair_balance)(jnp.where(below, inside, 0.0))
+    below = (idx[:, None] > idx[None, :])[:, :, None]
+    balance = jax.vmap(jax.vmap(per_decay(pair_balance)))  # [B, H, C, C, F] -> [B, H, C, F]
 
     def forward(h, xs):  # h: the state entering the chunk
-        q_, k_, v_, do_, eh_, et_, whole_ = xs
-        from_before = _einsum("bhiv,bhkv->bhik", do_, h) * eh_[..., None]
-        h_next = whole_[..., None, None] * h + _einsum("bhjk,bhjv->bhkv", k_ * et_[..., None], v_)
-        return h_next, (h, jnp.sum(q_ * from_before, axis=-1))
+        q_, k_, v_, do_, a_, eh_, et_, whole_ = xs
+        decay = jnp.exp(jnp.where(below, segments(a_)[0], -jnp.inf))  # [B, H, C, C, F]
+        if per_feature:
+            inside = _einsum("bhik,bhjk->bhijk", q_, k_) * decay
+        else:
+            inside = _einsum("bhik,bhjk->bhij", q_, k_)[..., None] * decay
+        inside = inside * _einsum("bhiv,bhjv->bhij", do_, v_)[..., None]
+        after = balance(inside)
+        from_before = by_decay(q_ * _einsum("bhiv,bhkv->bhik", do_, h)) * eh_
+        h_next = whole_[..., None] * h + _einsum("bhjk,bhjv->bhkv", k_ * et_, v_)
+        return h_next, (h, after + from_before)
 
     zero = jnp.zeros((B, H, K, V), jnp.float32)
     s0 = zero if initial_state is None else initial_state.astype(jnp.float32)
-    _, (h, after_inter) = jax.lax.scan(forward, s0, (Q, Kc, Vc, DO, eh, et, whole))
+    _, (h, after) = jax.lax.scan(forward, s0, (Q, Kc, Vc, DO, a, eh, et, whole))
 
     def backward(dh, xs):  # dh: the queries' state leaving the chunk
         q_, k_, v_, do_, eh_, et_, whole_, h_ = xs
-        to_after = _einsum("bhjv,bhkv->bhjk", v_, dh) * et_[..., None]
+        to_after = by_decay(k_ * _einsum("bhjv,bhkv->bhjk", v_, dh)) * et_
         # chunk_scan.through_terms' sum, taken here so that dh is never kept whole
-        through = whole_ * jnp.sum(h_ * dh, axis=(-2, -1))
-        dh_prev = whole_[..., None, None] * dh + _einsum("bhik,bhiv->bhkv", q_ * eh_[..., None],
-                                                         do_)
-        return dh_prev, (jnp.sum(k_ * to_after, axis=-1), through)
+        through = whole_ * by_decay(jnp.sum(h_ * dh, axis=-1))
+        dh_prev = whole_[..., None] * dh + _einsum("bhik,bhiv->bhkv", q_ * eh_, do_)
+        return dh_prev, (to_after, through)
 
     ds = zero if d_state is None else d_state.astype(jnp.float32)
     _, (before, through) = jax.lax.scan(backward, ds, (Q, Kc, Vc, DO, eh, et, whole, h),
                                         reverse=True)
-    sums = _per_chunk(crossing_sums)(before, after + after_inter)
-    sums = sums + through[..., None]  # [N, B, H, C]
-    return jnp.moveaxis(sums, 0, 1).transpose(0, 1, 3, 2).reshape(B, L, H)
+    sums = per_decay(_per_chunk(crossing_sums))(before, after)
+    sums = sums + through[..., None, :]  # [N, B, H, C, F]
+    sums = jnp.moveaxis(sums, 0, 1).transpose(0, 1, 3, 2, 4).reshape(B, L, H, -1)
+    return sums if per_feature else sums[..., 0]
 
 
 def lion_pair_sums(q, k, v, do, log_decay, *, chunk):
