@@ -26,8 +26,13 @@ kernels, the forward's chunk states when they are at most twice the size of q or
 Per-feature decay ``[B, L, H, K]`` (causal only; ``per_feature.py``): ``y`` is the key-decay scan
 and, with the decay now on the state's K axis, ``dq = scan_value(do, v, k; S0^T)``,
 ``dk = scan_value_rev(v, do, q; dS_T^T)``, ``dv = scan_key_rev(k, q, do; dS_T)`` (end state
-``dS0``) and ``dA_t = q_t * dq_t - k_t * dk_t`` elementwise (``+ sum_v S_T * dS_T`` at the last
-token), reverse-cumsummed over L (per-feature pair sums are not written yet).
+``dS0``) and d log_decay from ``pair_sums.causal_pair_sums`` per key feature (each pair's term
+summed over the tokens its decay spans, in float32).
+
+Normalised LION's scan backwards (head dims above the fused kernels', and
+``algorithm="sequential"``) take dq from float32 scans (``_normalised_dq``), and the sequential
+one recomputes y and den by float32 scans: dq cancels, and 16-bit operands had left it at up to
+7.7e-3 (bf16, interpret mode) and 1.8e-2 (head dim 256, H100; session 13).
 
 Two algorithms. ``"two_pass"`` (the default): a states kernel walks the chunks (one small
 matmul per step, ``two_pass.py``), then every chunk is a program of its own; the causal forward
