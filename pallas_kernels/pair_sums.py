@@ -15,7 +15,9 @@ after it from the queries' state leaving it, ``dh[n]``, and the pairs spanning t
 as ``exp(sum a) <h[n], dh[n]>``. Two ``lax.scan`` walks over the chunks carry the float32
 states (forward, keeping ``h``; then in reverse), so memory is one ``[B, H, N, K, V]`` array.
 LION's pairs are those of the causal sums plus those of the reversed sequence
-(:func:`lion_pair_sums`).
+(:func:`lion_pair_sums`). Per-feature decay (``[B, L, H, K]``, GLA / HGRN2 / LightNet) takes
+the same sums with every term resolved by key feature, ``P_ijk = q_ik k_jk exp(A_ik - A_jk)
+(do_i . v_j)``, for each ``dlog_decay_tk``.
 """
 
 import functools
