@@ -2,6 +2,10 @@
 
 Eight host CPU devices are forced before JAX is imported, so sharding tests can build real
 meshes on a CPU-only machine; single-device tests simply use the first device.
+
+JAX's compiled executables are dropped after every test module: the whole suite in one process
+otherwise keeps thousands of CPU executables (large interpret-mode kernels among them) loaded,
+and XLA's CPU compiler crashed (SIGSEGV/SIGABRT) late in such runs.
 """
 
 import os
@@ -12,8 +16,16 @@ if os.environ.get("LION_TEST_GPU") != "1":  # on the GPU machine: LION_TEST_GPU=
 else:  # pytest -n workers share the GPU: none may take 75% of its memory up front
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_jax_caches():
+    """Frees each test module's compiled executables once the module is done."""
+    yield
+    jax.clear_caches()
 
 
 @pytest.fixture
