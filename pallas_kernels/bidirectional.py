@@ -31,7 +31,8 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (BOTH, _next_pow2, _pad_axis, chunk_decays, crossing_sums,
                                        pad_layout, pair_balance, through_terms)
-from pallas_kernels.two_pass import WALK_BLOCK_V, backward_layout, chunk_states, output_block_v
+from pallas_kernels.two_pass import (WALK_BLOCK_V, backward_layout, chunk_states, fitted_chunk,
+                                     output_block_v)
 
 
 def _signs(c):
@@ -125,7 +126,8 @@ def bidirectional_scan(q, k, v, log_decay, offset=None, *, normalize=False,
         from v (``v = v_c + m``, v_c passed as ``v``): the output is then
         ``(num_c + den m) / (den + eps)``, the normalised output of ``v_c + m``. Centred
         values keep the 16-bit states small (see ``linear_attention.centred_values``).
-      chunk, interpret, num_warps, num_stages: as for ``chunk_scan``.
+      chunk, interpret, num_warps, num_stages: as for ``chunk_scan`` (the chunk smaller where
+        the tiles would not fit in shared memory, ``two_pass.fitted_chunk``).
       block_v: V columns per output program (None: ``two_pass.output_block_v``).
       out_dtype: dtype of ``o`` (None: v.dtype), 16-bit when low_part.
       low_part: normalize only: also return what rounding ``o`` to out_dtype lost, rounded
@@ -146,6 +148,8 @@ def bidirectional_scan(q, k, v, log_decay, offset=None, *, normalize=False,
     block_v = block_v or output_block_v(K, V, q.dtype)
     q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps or 4,
                                                         num_stages)
+    # two [Kp, BV] state tiles (forward and reverse) in the input dtype
+    chunk, bv = fitted_chunk(chunk, kp, bv, q.dtype, 2 * q.dtype.itemsize, return_states)
     g = log_decay.astype(jnp.float32)
     # both directions' states in one launch: (h [2, ...], [z [2, ...],] final)
     states = chunk_states(k, v, g, None, chunk=chunk, bv=min(bv, WALK_BLOCK_V), reverse=BOTH,

@@ -62,6 +62,34 @@ def pad_state(state, kp, vp):
     return _pad_axis(_pad_axis(state.astype(jnp.float32), 2, kp), 3, vp)
 
 
+# Shared memory a scan program may take by :func:`fit_layout`'s estimate (the ``[C, Kp]`` q and k
+# tiles and the ``[Kp, BV]`` states; Triton adds pipelining buffers and the rest). H100, 227 KiB
+# per program (session 14, docs/benchmarks.md): every layout estimated at <= 160 KiB compiled
+# (float32 Kp = 256 C = 64 scans, 128 KiB; Kp = 512 C = 16, 160 KiB), every one at >= 192 KiB
+# asked for more than the GPU has (float32 Kp = 512 C = 32: 271 KB; LION's fused forward at
+# float32 Kp = 256 C = 64: 295 KB; bf16 Kp = 512 C = 64: 283 KB).
+SHARED_MEMORY_BUDGET = 160 * 1024
+
+
+def fit_layout(chunk, kp, bv, itemsize, state_bytes):
+    """``(chunk, bv)`` for a scan program's tiles to fit in shared memory.
+
+    A program holds ``[C, Kp]`` q and k tiles of ``itemsize`` bytes and ``[Kp, BV]`` states of
+    ``state_bytes`` per entry in all (4 for one float32 state). The chunk, then the V-block,
+    are halved (not below 16) until the estimate is within ``SHARED_MEMORY_BUDGET``. Only
+    head dims above 128 and LION's scans against ``[v | 1]`` (Kp = 512 at V = 256) need it;
+    a smaller chunk changes the tiling, not the result (L stays a multiple of it).
+    """
+    def estimate(c, b):
+        return c * kp * itemsize + kp * b * state_bytes
+    while estimate(chunk, bv) > SHARED_MEMORY_BUDGET and (chunk > 16 or bv > 16):
+        if chunk > 16:
+            chunk //= 2
+        else:
+            bv //= 2
+    return chunk, bv
+
+
 def reverse_cumsum(x, axis=1):
     """``out_t = sum_{s >= t} x_s`` along ``axis``."""
     return jnp.flip(jnp.cumsum(jnp.flip(x, axis), axis=axis), axis)
@@ -230,7 +258,8 @@ def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=
       initial_state: None or ``[B, H, K, V]`` float32.
       reverse: scan from the last token to the first.
       strict: leave out the diagonal ``j == i``.
-      chunk: tokens per chunk, a power of two >= 16.
+      chunk: tokens per chunk, a power of two >= 16 (smaller where the tiles would not fit in
+        shared memory, :func:`fit_layout`).
       block_v: V columns per program, a power of two >= 16.
       out_dtype: dtype of ``o``.
       interpret: run the Pallas interpreter (CPU) instead of compiling with Triton.
@@ -243,6 +272,7 @@ def chunk_scan(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=
     B, L, H, K = q.shape
     V = v.shape[-1]
     q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
+    chunk, bv = fit_layout(chunk, kp, bv, q.dtype.itemsize, 4)
 
     in_specs = [
         pl.BlockSpec((None, L, None, kp), lambda b, h, j: (b, 0, h, 0)),

@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, pad_layout, pad_state,
+from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, fit_layout, pad_layout, pad_state,
                                        stacked_decay_factors, walk_directions, walk_in_runs)
 from pallas_kernels.mosaic_states import chunk_states_mosaic
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
@@ -81,6 +81,17 @@ MOSAIC_TARGET_PROGRAMS = 64
 # (L = 16K); 128 x 64 took 0.35 against 0.78. backend=None walks larger states with Triton.
 MOSAIC_MAX_Z_STATE = 128 * 64
 BACKENDS = ("triton", "mosaic")
+
+
+def fitted_chunk(chunk, kp, bv, dtype, state_bytes, return_states):
+    """``chunk_scan.fit_layout`` for an output kernel and its states walk; with
+    ``return_states`` (states per chunk, for a fused backward pass at this chunk) a chunk that
+    does not fit is a ValueError."""
+    fitted = fit_layout(chunk, kp, bv, jnp.dtype(dtype).itemsize, state_bytes)
+    if return_states and fitted[0] != chunk:
+        raise ValueError(f"return_states: chunks of {chunk} tokens with Kp = {kp} do not fit in "
+                         f"shared memory; use chunks of at most {fitted[0]}")
+    return fitted
 
 
 def pick_splits(programs, num_chunks, state_entries, *, backend="triton"):
@@ -337,7 +348,8 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``, one dtype; L a multiple of ``chunk``.
       log_decay: ``[B, L, H]``, entries ``<= 0``; initial_state: None or ``[B, H, K, V]``.
-      reverse, strict, chunk, out_dtype, interpret: as there.
+      reverse, strict, chunk, out_dtype, interpret: as there (the chunk smaller where the
+        tiles would not fit in shared memory, :func:`fitted_chunk`).
       block_v: V columns per output program (None: :func:`output_block_v`).
       num_stages: of the output kernel (the states kernel's: :func:`states_stages`).
       num_warps: of the output kernel (None: 4, faster than 8 here on an H100).
@@ -353,6 +365,7 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     block_v = block_v or output_block_v(K, V, q.dtype)
     q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps or 4,
                                                         num_stages)
+    chunk, bv = fitted_chunk(chunk, kp, bv, q.dtype, 4, return_states)
     g = log_decay.astype(jnp.float32)
     s0 = pad_state(initial_state, kp, vp)
     h, state = chunk_states(k, v, g, s0, chunk=chunk, bv=min(bv, WALK_BLOCK_V), reverse=reverse,

@@ -137,6 +137,10 @@ BIDIR_CASES = [  # L, K, V, chunk, decay, normalize, algorithm
     (40, 16, 144, 16, "mild", True, "two_pass"),  # V > 128: three fused scans backward
     (50, 40, 48, 16, "strong", True, "two_pass"),  # min(Kp, Vp) > 2C: states recomputed
     (70, 96, 80, 64, "strong", True, "two_pass"),  # float32 dims > 64: three fused scans
+    # head dim 256, float32: the fused forward and the scans against [v | 1] (Kp = 512) run
+    # with smaller chunks (fit_layout; at chunk 64 an H100 lacked the shared memory)
+    (45, 256, 200, 64, "mild", True, "two_pass"),
+    (33, 40, 256, 64, "strong", True, "sequential"),
 ]
 
 
@@ -215,6 +219,8 @@ HALF_DECAY_CASES = [  # op, K, V, algorithm, decay
     ("bidirectional", 32, 16, None, "strong"),
     ("bidirectional", 16, 144, None, "strong"),  # V > 128: three fused scans
     ("bidirectional", 32, 16, "sequential", "strong"),
+    ("bidirectional", 64, 256, "sequential", "strong"),  # Kp = 512 scans: smaller chunks
+    ("bidirectional", 256, 256, None, "mild"),
 ]
 
 
@@ -381,6 +387,21 @@ def test_causal_backward_states_kept_or_recomputed(rng):
         err = rel_err(a, b)
         print(f"{name}: rel err {err:.2e}")
         assert err <= TOL[jnp.float32], f"{name}: {err}"
+
+
+def test_fit_layout_within_shared_memory():
+    """The scan layouts the H100 compiled keep their chunk; those it refused (shared memory)
+    get smaller chunks, then V-blocks; states for a fused backward never change chunk."""
+    from pallas_kernels.chunk_scan import fit_layout
+    from pallas_kernels.two_pass import fitted_chunk
+    assert fit_layout(64, 256, 64, 4, 4) == (64, 64)  # float32 Kp = 256 scans: compiled
+    assert fit_layout(64, 128, 128, 2, 4) == (64, 128)  # the benchmarked bf16 D = 128 layouts
+    assert fit_layout(64, 512, 64, 4, 4) == (16, 64)  # float32 Kp = 512: 410 / 271 KB at 64 / 32
+    assert fit_layout(64, 512, 64, 2, 4) == (32, 64)  # bf16 Kp = 512: 283 KB at 64
+    assert fit_layout(64, 256, 64, 4, 8) == (32, 64)  # LION's fused forward, float32 Kp = 256
+    assert fit_layout(64, 512, 64, 4, 8) == (16, 32)
+    with pytest.raises(ValueError, match="return_states"):
+        fitted_chunk(64, 512, 64, jnp.float32, 4, return_states=True)
 
 
 def test_keep_states_rule():
