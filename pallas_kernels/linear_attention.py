@@ -61,11 +61,12 @@ from pallas_kernels.bidirectional import (bidirectional_scan, lion_backward, to_
 from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
-from pallas_kernels.chunk_scan import chunk_scan
+from pallas_kernels.chunk_scan import chunk_scan, fit_layout
 from pallas_kernels.pair_sums import causal_pair_sums, lion_pair_sums
 from pallas_kernels.per_feature import chunk_scan_per_feature
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
-from pallas_kernels.two_pass import BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper
+from pallas_kernels.two_pass import (BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper,
+                                     output_block_v)
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 ALGORITHMS = ("sequential", "two_pass")
@@ -368,12 +369,13 @@ def _next_pow2(n: int) -> int:
 
 
 def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64, bidirectional=False,
-                       algorithm=None, backend=None):
+                       normalize=True, algorithm=None, backend=None):
     """Why the kernels cannot take these inputs, or None when they can.
 
     ``log_decay`` may be ``[B, L, H]`` or, for the causal op (``bidirectional=False``), per
     feature ``[B, L, H, K]``; ``algorithm`` must be None or one of :data:`ALGORITHMS`;
-    ``backend`` None, ``"triton"`` or ``"mosaic"`` (whose states walks take only some inputs).
+    ``backend`` None, ``"triton"`` or ``"mosaic"`` (whose states walks take only some inputs,
+    checked for the backward pass too; ``normalize``: LION's, which changes its walks).
 
     The message names the argument and the expected shape or range; the public functions raise
     it as a ValueError, and ``lion_jax.ops`` (impl="auto") uses it to pick another form.
@@ -407,26 +409,36 @@ def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64, bidirectional=
     if backend is not None and backend not in BACKENDS:
         return f"backend must be None or one of {BACKENDS}; got {backend!r}"
     if backend == "mosaic":
-        return _mosaic_reason(q, v, log_decay, chunk_size, algorithm)
+        return _mosaic_reason(q, v, log_decay, chunk_size, algorithm, bidirectional, normalize)
     return None
 
 
-def _mosaic_reason(q, v, log_decay, chunk_size, algorithm):
+def _mosaic_reason(q, v, log_decay, chunk_size, algorithm, bidirectional, normalize):
     """Why ``backend="mosaic"`` cannot run: its states walks need the two-pass algorithm, decay
     per token (or none) and inputs the Mosaic walk takes (``mosaic_states.supported``), checked
-    for the forward's and the backward's V-blocks."""
+    for every walk of the forward and backward passes at the chunk its kernel runs with
+    (``two_pass.fitted_chunk``): keys and values of head dims (K, V), (V, K) (the backward's
+    scans with v or dy as keys) and, for normalised LION above the fused backward's head dims,
+    ``[v | 1 | 1]`` keys (V + 2) against q."""
     if algorithm == "sequential" or (log_decay is not None and log_decay.ndim == 4):
         return ("backend='mosaic' runs the two-pass algorithm with decay per token (or none); "
                 "use backend=None or 'triton' for algorithm='sequential' or per-feature decay")
     B, L, H, K = q.shape
+    V = v.shape[-1]
     chunk = _chunk(chunk_size, L)
     Lp = -(-L // chunk) * chunk
-    kp, vp = _next_pow2(max(K, 16)), _next_pow2(max(v.shape[-1], 16))
     dtype = jnp.result_type(q, v)
-    keys = jax.ShapeDtypeStruct((1, Lp, 1, kp), dtype)
-    values = jax.ShapeDtypeStruct((1, Lp, 1, vp), dtype)
-    if (reason := mosaic_walk_reason(keys, values, chunk, min(WALK_BLOCK_V, vp))) is not None:
-        return f"backend='mosaic': {reason}; use backend=None or 'triton' here"
+    walks = {(K, V): "", (V, K): " (the backward's scans with v as keys)"}
+    if bidirectional and normalize and not lion_backward_supported(K, V, dtype, chunk):
+        walks[(V + 2, K)] = " (the backward's scans with [v | 1 | 1] as keys)"
+    for (k_dim, v_dim), which in walks.items():
+        kp, vp = _next_pow2(max(k_dim, 16)), _next_pow2(max(v_dim, 16))
+        fitted, _ = fit_layout(chunk, kp, min(output_block_v(k_dim, v_dim, dtype), vp),
+                               jnp.dtype(dtype).itemsize, 4)
+        keys = jax.ShapeDtypeStruct((1, Lp, 1, kp), dtype)
+        values = jax.ShapeDtypeStruct((1, Lp, 1, vp), dtype)
+        if (reason := mosaic_walk_reason(keys, values, fitted, min(WALK_BLOCK_V, vp))) is not None:
+            return f"backend='mosaic'{which}: {reason}; use backend=None or 'triton' here"
     return None
 
 
@@ -541,8 +553,8 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
     Returns:
       ``y [B, L, H, V]`` in v.dtype.
     """
-    _check_inputs(q, k, v, log_decay, chunk_size, bidirectional=True, algorithm=algorithm,
-                  backend=backend)
+    _check_inputs(q, k, v, log_decay, chunk_size, bidirectional=True, normalize=normalize,
+                  algorithm=algorithm, backend=backend)
     if centre_values and not normalize:
         raise ValueError("pallas_kernels: centre_values=True needs normalize=True (without "
                          "the normaliser the output is linear in v and nothing cancels)")

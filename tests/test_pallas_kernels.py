@@ -479,6 +479,10 @@ def test_head_dim_not_a_power_of_two(rng):
      "two-pass algorithm"),
     ("causal", dict(backend="mosaic", g_shape=(1, 8, 2, 16), dtype=jnp.bfloat16),
      "two-pass algorithm"),
+    # normalised LION at head dim 256: the backward's scans over [v | 1 | 1] keys (Kp = 512)
+    # run at chunk 32, below the Mosaic walk's 64 (said up front, not from inside the VJP)
+    ("bidir", dict(backend="mosaic", dtype=jnp.bfloat16, dims=256, L=64),
+     r"\[v \| 1 \| 1\] as keys"),
     pytest.param("causal", dict(backend="mosaic", dtype=jnp.bfloat16, dims=64, L=64,
                                 chunk_size=64, interpret=False), "needs an NVIDIA GPU",
                  marks=pytest.mark.skipif(ON_GPU, reason="CPU only: no GPU to compile for")),
