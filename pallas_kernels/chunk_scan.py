@@ -76,9 +76,10 @@ def fit_layout(chunk, kp, bv, itemsize, state_bytes):
 
     A program holds ``[C, Kp]`` q and k tiles of ``itemsize`` bytes and ``[Kp, BV]`` states of
     ``state_bytes`` per entry in all (4 for one float32 state). The chunk, then the V-block,
-    are halved (not below 16) until the estimate is within ``SHARED_MEMORY_BUDGET``. Only
-    head dims above 128 and LION's scans against ``[v | 1]`` (Kp = 512 at V = 256) need it;
-    a smaller chunk changes the tiling, not the result (L stays a multiple of it).
+    are halved (not below 16) until the estimate is within ``SHARED_MEMORY_BUDGET``. At the
+    default chunk of 64 only head dims above 128 and LION's scans against ``[v | 1]``
+    (Kp = 512 at V = 256) need it; a smaller chunk changes the tiling, not the result (L stays
+    a multiple of it).
     """
     def estimate(c, b):
         return c * kp * itemsize + kp * b * state_bytes

@@ -433,6 +433,8 @@ def _mosaic_reason(q, v, log_decay, chunk_size, algorithm, bidirectional, normal
         walks[(V + 2, K)] = " (the backward's scans with [v | 1 | 1] as keys)"
     for (k_dim, v_dim), which in walks.items():
         kp, vp = _next_pow2(max(k_dim, 16)), _next_pow2(max(v_dim, 16))
+        # the kernels' fit: 4 bytes per state entry (one float32 state, or LION's two 16-bit
+        # ones; past the dtype check above, Mosaic walks are 16-bit)
         fitted, _ = fit_layout(chunk, kp, min(output_block_v(k_dim, v_dim, dtype), vp),
                                jnp.dtype(dtype).itemsize, 4)
         keys = jax.ShapeDtypeStruct((1, Lp, 1, kp), dtype)
