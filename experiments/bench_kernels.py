@@ -158,14 +158,20 @@ def inputs(B, L, H, D, rng):
     return [x.astype(np.float32) for x in (q, k, v, dy, g)]
 
 
+def selected(name, ops):
+    """Whether ``--ops`` picks the op ``name``: an entry ending in ``$`` names one op exactly,
+    any other is a prefix of op names."""
+    return any(name == op[:-1] if op.endswith("$") else name.startswith(op) for op in ops)
+
+
 def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None):
-    """Measures every op (or those whose names start with one of ``ops``) at one shape;
+    """Measures every op (or those ``ops`` selects, see :func:`selected`) at one shape;
     appends to rows and calls save() after each row."""
     q, k, v, dy, g = inputs(B, L, H, D, rng)
 
     def measure(name, kind, timer):
         """Times one (op, pass) with ``timer() -> (ms, MiB)``; False once time is up."""
-        if ops and not name.startswith(tuple(ops)):
+        if ops and not selected(name, ops):
             return True
         if out_of_time():
             return False
@@ -395,7 +401,8 @@ def main():
     parser.add_argument("--sweep", type=int, default=0, metavar="L",
                         help="only time the two-pass kernels' stages and settings at this L")
     parser.add_argument("--ops", default="", metavar="PREFIXES",
-                        help="comma-separated op-name prefixes to time (default: all)")
+                        help="comma-separated op-name prefixes to time, or names ending in $ "
+                             "for one op exactly (default: all)")
     args = parser.parse_args()
     lengths = [4096, 16384] if args.quick else [int(x) for x in args.lengths.split(",")]
     dims = [64] if args.quick else [int(x) for x in args.dims.split(",")]

@@ -27,12 +27,15 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (BOTH, _next_pow2, _pad_axis, chunk_decays, crossing_sums,
                                        pad_layout, pair_balance, through_terms)
+from pallas_kernels.mosaic_outputs import bidirectional_outputs_mosaic
+from pallas_kernels.mosaic_outputs import supported as mosaic_output_reason
 from pallas_kernels.two_pass import (WALK_BLOCK_V, backward_layout, chunk_states, fitted_chunk,
-                                     output_block_v)
+                                     output_block_v, walk_backend)
 
 
 def _signs(c):
@@ -133,7 +136,10 @@ def bidirectional_scan(q, k, v, log_decay, offset=None, *, normalize=False,
       low_part: normalize only: also return what rounding ``o`` to out_dtype lost, rounded
         (``two_parts``: ``o + low`` holds ~16 bits, for the backward's dden) without writing
         a float32 output and casting it.
-      splits, backend: the states walks' runs and kernel (see ``two_pass.chunk_states``).
+      splits, backend: the states walks' runs and kernel (see ``two_pass.chunk_states``);
+        where the walks run on Mosaic GPU, the output kernel does too when
+        ``mosaic_outputs.supported`` takes the inputs (16-bit, chunk 64, Kp and Vp multiples of
+        64, y in the input dtype), else it is the Triton kernel.
       return_states: also return the states of ``(k, v)`` for :func:`lion_backward`: the tuple
         ``(h,)`` (``[2, B, H, N, Kp, Vp]``, forward then reverse, input dtype, tile layout)
         or, if normalize, ``(h, z)`` (z ``[2, B, H, N, Kp]`` float32).
@@ -151,11 +157,41 @@ def bidirectional_scan(q, k, v, log_decay, offset=None, *, normalize=False,
     # two [Kp, BV] state tiles (forward and reverse) in the input dtype
     chunk, bv = fitted_chunk(chunk, kp, bv, q.dtype, 2 * q.dtype.itemsize, return_states)
     g = log_decay.astype(jnp.float32)
+    walk_bv = min(bv, WALK_BLOCK_V)
     # both directions' states in one launch: (h [2, ...], [z [2, ...],] final)
-    states = chunk_states(k, v, g, None, chunk=chunk, bv=min(bv, WALK_BLOCK_V), reverse=BOTH,
+    states = chunk_states(k, v, g, None, chunk=chunk, bv=walk_bv, reverse=BOTH,
                           precision=precision, interpret=interpret, splits=splits,
                           with_z=normalize, backend=backend)[:-1]
+    if offset is not None and not normalize:
+        raise ValueError("offset needs normalize: the numerator alone is linear in v")
+    if low_part and (not normalize or jnp.dtype(out_dtype).itemsize != 2):
+        raise ValueError(f"low_part needs normalize and a 16-bit out_dtype; got normalize="
+                         f"{normalize}, out_dtype {jnp.dtype(out_dtype).name}")
+    mosaic = (walk_backend(k, v, chunk=chunk, bv=walk_bv, backend=backend, interpret=interpret,
+                           with_z=normalize) == "mosaic"
+              and mosaic_output_reason(q, v, chunk, normalize, out_dtype) is None)
+    if mosaic:  # the output kernel on Mosaic GPU too (mosaic_outputs.py)
+        outs = bidirectional_outputs_mosaic(
+            q, k, v, g, *states, offset=None if offset is None else _pad_axis(
+                offset.astype(jnp.float32), 2, vp),
+            chunk=chunk, normalize=normalize, eps=eps, low_part=low_part, out_dtype=out_dtype,
+            interpret=plgpu.InterpretGPUParams() if interpret else None)
+    else:
+        outs = _triton_outputs(q, k, v, g, states, offset, chunk=chunk, bv=bv, kp=kp, vp=vp,
+                               normalize=normalize, eps=eps, low_part=low_part,
+                               out_dtype=out_dtype, precision=precision, params=params,
+                               interpret=interpret)
+    outs = [x[..., :V] for x in outs[:1 + low_part]] + list(outs[1 + low_part:])
+    if return_states:
+        outs.append(states)
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
+
+def _triton_outputs(q, k, v, g, states, offset, *, chunk, bv, kp, vp, normalize, eps, low_part,
+                    out_dtype, precision, params, interpret):
+    """The output pass of :func:`bidirectional_scan` as a Triton kernel (one program per chunk
+    and V-block): ``[y, [y_low,] [den [B, L, H]]]`` with y padded to Vp."""
+    B, L, H, _ = q.shape
     N, nvb = L // chunk, vp // bv
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
@@ -165,14 +201,9 @@ def bidirectional_scan(q, k, v, log_decay, offset=None, *, normalize=False,
     args = [q, k, v, g, states[0], states[0]]
     in_specs = [qk_spec, qk_spec, v_spec,
                 pl.BlockSpec((None, chunk, None), lambda b, h, n, j: (b, n, h))] + h_specs
-    if low_part and (not normalize or jnp.dtype(out_dtype).itemsize != 2):
-        raise ValueError(f"low_part needs normalize and a 16-bit out_dtype; got normalize="
-                         f"{normalize}, out_dtype {jnp.dtype(out_dtype).name}")
     out_specs = [v_spec] * (1 + low_part)
     out_shape = [jax.ShapeDtypeStruct((B, L, H, vp), out_dtype)] * (1 + low_part)
     row_shape = jax.ShapeDtypeStruct((B, nvb, L, H), jnp.float32)
-    if offset is not None and not normalize:
-        raise ValueError("offset needs normalize: the numerator alone is linear in v")
     if normalize:
         args += [states[1], states[1]]
         in_specs += [pl.BlockSpec((None, None, None, None, kp),
@@ -188,12 +219,10 @@ def bidirectional_scan(q, k, v, log_decay, offset=None, *, normalize=False,
         grid=(B, H, N, nvb), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=params, interpret=interpret, name="bidirectional_outputs",
     )(*args)
-    outs = [x[..., :V] for x in outs[:1 + low_part]] + list(outs[1 + low_part:])
+    outs = list(outs)
     if normalize:
-        outs[1 + low_part] = outs[1 + low_part][:, 0]
-    if return_states:
-        outs.append(states)
-    return outs[0] if len(outs) == 1 else tuple(outs)
+        outs[-1] = outs[-1][:, 0]
+    return outs
 
 
 # ---------------------------------------------------------------------------- fused backward

@@ -16,6 +16,7 @@ import pytest
 import pallas_kernels
 from experiments.kernel_precision import kernel_and_reference
 from lion_jax import ops
+from pallas_kernels.mosaic_outputs import supported as mosaic_output_reason
 
 ON_GPU = jax.default_backend() == "gpu"
 # float32: exact float32 dots (no TF32); the GPU bound is looser for reordered accumulation.
@@ -292,19 +293,20 @@ def test_centred_values(rng, dtype):
     assert not np.any(np.asarray(m0)) and not np.any(np.asarray(zero))
 
 
-MOSAIC_CASES = [  # op, L, K, V, decay, with s0 / normalize
+MOSAIC_CASES = [  # op, L, K, V, decay, with s0 / normalize ("centre": with centre_values)
     ("causal", 200, 64, 64, "strong", True),
     ("causal", 130, 96, 80, "mild", False),
     ("bidirectional", 200, 64, 64, "strong", True),
     ("bidirectional", 150, 80, 96, "mild", False),
+    ("bidirectional", 140, 96, 128, "mild", "centre"),  # Kp = Vp = 128, two V-blocks of 64
 ]
 
 
 @pytest.mark.parametrize("op,L,K,V,decay,flag", MOSAIC_CASES)
 def test_mosaic_backend(rng, op, L, K, V, decay, flag):
-    """backend="mosaic" (the states walks as Mosaic GPU kernels; on CPU in the Mosaic GPU
-    interpreter) against float64, forward and gradients, bf16 with chunk 64; and against
-    backend="triton" on the same inputs."""
+    """backend="mosaic" (the states walks and LION's output kernel as Mosaic GPU kernels; on
+    CPU in the Mosaic GPU interpreter) against float64, forward and gradients, bf16 with chunk
+    64; and against backend="triton" on the same inputs."""
     B, H = 1, 2
     bidirectional = op == "bidirectional"
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay, positive=bidirectional)
@@ -312,15 +314,18 @@ def test_mosaic_backend(rng, op, L, K, V, decay, flag):
           if flag and not bidirectional else None)
     dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.bfloat16)
 
+    normalize = bool(flag)
+
     def kernel(backend):
         if bidirectional:
             return lambda *a: pallas_kernels.bidirectional_linear_attention(
-                *a[:4], normalize=flag, chunk_size=64, backend=backend)
+                *a[:4], normalize=normalize, chunk_size=64, backend=backend,
+                centre_values=flag == "centre")
         return lambda *a: pallas_kernels.causal_linear_attention(
             *a[:4], chunk_size=64, initial_state=a[4], backend=backend)
 
     if bidirectional:
-        reference = lambda *a: ops.lion_attention(*a[:4], normalize=flag, impl="attention")
+        reference = lambda *a: ops.lion_attention(*a[:4], normalize=normalize, impl="attention")
     else:
         reference = lambda *a: ops.causal_linear_attention(*a[:4], impl="attention",
                                                            initial_state=a[4])
@@ -338,6 +343,19 @@ def test_mosaic_backend(rng, op, L, K, V, decay, flag):
     triton_grads, _ = loss_and_grads(kernel("triton"), args, (dy,))
     check_close([got] + list(got_grads), [kernel("triton")(*args)] + list(triton_grads),
                 jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names])
+
+
+def test_mosaic_output_supported():
+    """The Mosaic output kernel takes the benchmarked layouts (so backend="mosaic" above runs
+    it, not the Triton one) and names why it refuses others."""
+    shape = lambda d, dtype=jnp.bfloat16: jax.ShapeDtypeStruct((1, 256, 2, d), dtype)
+    for kp, vp in ((64, 64), (128, 128), (64, 128)):
+        assert mosaic_output_reason(shape(kp), shape(vp), 64) is None
+    assert "bf16 or fp16" in mosaic_output_reason(shape(64, jnp.float32), shape(64, jnp.float32),
+                                                  64)
+    assert "out_dtype" in mosaic_output_reason(shape(64), shape(64), 64, True, jnp.float32)
+    assert "chunks of 64" in mosaic_output_reason(shape(64), shape(64), 128)
+    assert "shared memory" in mosaic_output_reason(shape(256), shape(256), 64)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
