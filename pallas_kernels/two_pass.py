@@ -99,14 +99,20 @@ def pick_splits(programs, num_chunks, state_entries, *, backend="triton"):
     keeping at least ``MIN_RUN_CHUNKS`` chunks per run. Triton: 1 for states larger than
     ``MAX_SPLIT_STATE``, else until ``programs * splits`` reaches ``TARGET_PROGRAMS``; Mosaic:
     until ``MOSAIC_TARGET_PROGRAMS``."""
-    splits = 1
-    target = MOSAIC_TARGET_PROGRAMS if backend == "mosaic" else TARGET_PROGRAMS
     if backend != "mosaic" and state_entries > MAX_SPLIT_STATE:
-        return splits
-    while (programs * splits < target and num_chunks % (2 * splits) == 0
-           and num_chunks // (2 * splits) >= MIN_RUN_CHUNKS):
-        splits *= 2
-    return splits
+        return 1
+    return runs_until(programs, num_chunks,
+                      MOSAIC_TARGET_PROGRAMS if backend == "mosaic" else TARGET_PROGRAMS)
+
+
+def runs_until(programs, num_chunks, target):
+    """The number of runs (a power of two dividing ``num_chunks``, at least ``MIN_RUN_CHUNKS``
+    chunks each) to cut the chunks into until ``programs * runs`` reaches ``target``."""
+    runs = 1
+    while (programs * runs < target and num_chunks % (2 * runs) == 0
+           and num_chunks // (2 * runs) >= MIN_RUN_CHUNKS):
+        runs *= 2
+    return runs
 
 
 def chunk_index(directions, axis):
