@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from lion_jax.layers import LionAttention, LionBlock, Mlp, get_feature_map
-from lion_jax.layers.lion import decay_logits
+from lion_jax.layers.lion import decay_logits, hippo_log_decays, zoh_value_scales
 
 B, L, D, H, K, V = 2, 13, 16, 2, 4, 6  # odd length, K != V
 CHUNK = 4  # does not divide L
 IMPLS = ("attention", "recurrent", "chunk")
 CONFIGS = [("lit", "scalar"), ("d", "scalar"), ("retnet", "scalar"), ("s", "scalar"),
-           ("grfa", "scalar"), ("xlstm", "scalar"), ("s", "vector"), ("grfa", "vector"),
-           ("xlstm", "vector")]
+           ("grfa", "scalar"), ("xlstm", "scalar"), ("d", "vector"), ("s", "vector"),
+           ("grfa", "vector"), ("xlstm", "vector")]
 CONFIG_IDS = [f"{v}-{s}" for v, s in CONFIGS]
 # decays from 0.5 (strong) to 0.996 (weak) across heads / channels
 STRONG_AND_WEAK = (1.0, 8.0)
@@ -262,9 +262,17 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(variant="mamba"), "unknown variant"),
     (dict(decay_shape="matrix"), "unknown decay_shape"),
-    (dict(variant="lit", decay_shape="vector"), "needs an input-dependent decay"),
-    (dict(variant="d", decay_shape="vector"), "needs an input-dependent decay"),
-    (dict(variant="retnet", decay_shape="vector"), "needs an input-dependent decay"),
+    (dict(variant="lit", decay_shape="vector"), "needs a decay"),
+    (dict(impl="bogus"), "unknown impl 'bogus'"),
+    (dict(decay_init="random"), "unknown decay_init"),
+    (dict(decay_activation="exp"), "unknown decay_activation"),
+    (dict(value_init="zeros"), "unknown value_init"),
+    (dict(variant="lit", decay_init="hippo"), "decay_init='hippo' is for variants"),
+    (dict(variant="d", decay_activation="softplus"), "is for variant 's'"),
+    (dict(value_init="zoh"), "set decay_init='hippo'"),
+    (dict(variant="retnet", normalize_unmasked=True), "normalize_unmasked=True needs"),
+    (dict(normalize_unmasked=True, causal=True), "normalize_unmasked=True needs"),
+    (dict(decay_init="hippo", hippo_dt_range=(0.1, 0.01)), "hippo_dt_range"),
     (dict(variant="xlstm", normalize=True), "max\\(den, 1\\)"),
     (dict(feature_map="softmax"), "unknown feature map"),
     (dict(num_heads=0), "num_heads must be positive"),
@@ -333,6 +341,81 @@ def test_parameters_and_logical_axes(rng):
     assert gate["kernel"].shape == (D, H * V)
     assert tuple(nn.get_partition_spec(variables)["params"]["decay_gate"]["kernel"]) == (
         "embed", None)
+
+
+# --- the LRA recipe (paper D.2) and the Table 6 ablation switches -------------------------------
+
+
+@pytest.mark.parametrize("decay_shape", ["scalar", "vector"])
+def test_lra_recipe_init(rng, decay_shape):
+    """decay_init='hippo' + value_init='zoh': the non-selective decays start at the HiPPO
+    values, LION-S adds ``log sigmoid`` of its gate, and W_v's columns are lecun-normal scaled by
+    the ZOH factors (the same key without 'zoh' gives the unscaled kernel)."""
+    x = normal(rng, B, L, D)
+    key = jax_key(rng)
+    layer = make_layer("s", decay_shape, decay_init="hippo", value_init="zoh", init_std=0.1)
+    params = layer.init(key, x)
+    plain = make_layer("s", decay_shape, decay_init="hippo", init_std=0.1).init(key, x)
+    p, p0 = nn.unbox(params)["params"], nn.unbox(plain)["params"]
+    per_head = V if decay_shape == "vector" else 1
+    hippo = hippo_log_decays(H, per_head, layer.hippo_dt_range)
+    np.testing.assert_allclose(-np.exp(np.asarray(p["decay_log_rate"], np.float64)),
+                               hippo.reshape(-1), rtol=1e-6)
+    scales = np.broadcast_to(zoh_value_scales(hippo), (H, V)).reshape(-1)
+    np.testing.assert_allclose(p["value"]["kernel"], p0["value"]["kernel"] * scales, rtol=1e-6)
+    assert np.all(scales > 0) and np.all(hippo < 0)
+
+    (_, _, _, log_decay, _), _ = mixer_inputs(layer, params, x)
+    gate = np.asarray(x, np.float64) @ np.asarray(p["decay_gate"]["kernel"], np.float64) + \
+        np.asarray(p["decay_gate"]["bias"], np.float64)
+    expected = -np.logaddexp(0.0, -gate) + hippo.reshape(-1)  # log sigmoid(z) + a_c
+    np.testing.assert_allclose(log_decay.reshape(B, L, -1), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_hippo_decays_and_zoh_scales():
+    a = hippo_log_decays(4, 3, (0.001, 0.1))
+    np.testing.assert_allclose(a[:, 0], -np.geomspace(0.001, 0.1, 4))
+    np.testing.assert_allclose(a[2], a[2, 0] * np.array([1.0, 2.0, 3.0]))
+    lam = -np.array([1.0, 2.0, 3.0])
+    np.testing.assert_allclose(zoh_value_scales(a), (np.exp(a) - 1.0) / lam)
+    np.testing.assert_allclose(zoh_value_scales(np.array([[-1e-6]])), [[1e-6]], rtol=1e-5)
+
+
+def test_hippo_without_selectivity_is_a_learned_fixed_decay(rng):
+    """Table 6 [6]: variant 'd' with the HiPPO init has exactly the HiPPO decays, per channel."""
+    x = normal(rng, B, L, D)
+    layer = make_layer("d", "vector", decay_init="hippo", impl="attention")
+    params = layer.init(jax_key(rng), x)
+    (_, _, _, log_decay, _), _ = mixer_inputs(layer, params, x)
+    expected = hippo_log_decays(H, V, layer.hippo_dt_range).reshape(H, V)
+    np.testing.assert_allclose(log_decay, np.broadcast_to(expected, (B, L, H, V)), rtol=1e-6)
+
+
+def test_softplus_decay(rng):
+    """Table 6 [7]: ``a_i = -softplus(w^T x_i + b)``."""
+    x = normal(rng, B, L, D)
+    layer = make_layer("s", "scalar", decay_activation="softplus", impl="attention")
+    params = layer.init(jax_key(rng), x)
+    (_, _, _, log_decay, _), _ = mixer_inputs(layer, params, x)
+    gate = nn.unbox(params)["params"]["decay_gate"]
+    z = np.asarray(x, np.float64) @ np.asarray(gate["kernel"], np.float64) + np.asarray(
+        gate["bias"], np.float64)
+    np.testing.assert_allclose(log_decay, -np.logaddexp(0.0, z), rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_normalize_unmasked_matches_formula(rng, impl):
+    """Table 6 [5]: ``y_i = sum_j s_ij M_ij v_j / (sum_j s_ij + eps)`` (mask only above)."""
+    x = normal(rng, B, L, D)
+    layer = make_layer("s", "scalar", normalize_unmasked=True, impl=impl)
+    params = layer.init(jax_key(rng), x)
+    (q, k, v, log_decay, _), y = mixer_inputs(layer, params, x)
+    A = np.cumsum(log_decay, axis=1)
+    mask = np.exp(-np.abs(A[:, :, None] - A[:, None, :]))  # [b, i, j, H]
+    scores = np.einsum("bihk,bjhk->bijh", q, k)
+    expected = (np.einsum("bijh,bjhv->bihv", scores * mask, v)
+                / (scores.sum(axis=2)[..., None] + layer.eps))
+    assert rel_err(y, output_projection(params, expected)) < 1e-5
 
 
 def test_decay_init_follows_retnet_schedule():

@@ -24,6 +24,9 @@ VARIANTS = ("lit", "d", "retnet", "s", "grfa", "xlstm")
 FIXED_DECAY_VARIANTS = ("d", "retnet")
 SELECTIVE_VARIANTS = ("s", "grfa", "xlstm")
 DECAY_SHAPES = ("scalar", "vector")
+DECAY_INITS = ("exponents", "hippo")
+DECAY_ACTIVATIONS = ("log_sigmoid", "softplus")
+VALUE_INITS = ("lecun", "zoh")
 
 DEFAULT_FEATURE_MAP = {
     "lit": "elu1",        # Katharopoulos et al.; paper Sec. 5.3, Table 13
@@ -46,6 +49,34 @@ def decay_logits(n: int, exponents: tuple[float, float]) -> np.ndarray:
     """
     e = np.linspace(exponents[0], exponents[1], n, dtype=np.float64)
     return np.log1p(-np.exp2(-e)) + e * np.log(2.0)  # log(lam / (1 - lam))
+
+
+def hippo_log_decays(num_heads: int, channels_per_head: int,
+                     dt_range: tuple[float, float]) -> np.ndarray:
+    """Non-selective log-decays ``a = Lambda * dt`` of the HiPPO init, ``[num_heads, channels]``.
+
+    Our reading of LION Appendix D.2 ("the non-selective parts of Lambda were initialized
+    based on the HiPPO matrix", after S5) for a real decay: channel ``n`` of a head takes
+    S4D-Real's HiPPO-LegS eigenvalue ``Lambda_n = -(n + 1)`` and head ``h`` the step
+    ``dt_h``, log-spaced over ``dt_range`` across heads (S5 samples ``dt`` log-uniformly in
+    (0.001, 0.1); we space it evenly so the init is deterministic and the value init below can
+    use the same numbers). With 8 heads of 16 channels the decays span timescales from under
+    one token to 1000 tokens. A scalar decay per head is the ``channels_per_head = 1`` case.
+    """
+    dt = np.geomspace(dt_range[0], dt_range[1], num_heads)
+    eigenvalues = -np.arange(1, channels_per_head + 1, dtype=np.float64)
+    return dt[:, None] * eigenvalues[None, :]
+
+
+def zoh_value_scales(log_decays: np.ndarray) -> np.ndarray:
+    """ZOH input scales ``Lambda^-1 (exp(Lambda dt) - 1)`` of :func:`hippo_log_decays`' decays.
+
+    Paper D.2 initialises ``W_v`` by zero-order hold, ``Lambda^-1 (Lambda_bar - I)``: the
+    discretised input matrix of S5, ``B_bar = Lambda^-1 (exp(Lambda dt) - I) B``. We scale
+    column ``c`` of a lecun-normal ``W_v`` (``B``) by this factor, ``~dt`` for small steps.
+    """
+    eigenvalues = -np.arange(1, log_decays.shape[-1] + 1, dtype=np.float64)
+    return np.expm1(log_decays) / eigenvalues
 
 
 def _constant_init(values: np.ndarray):
@@ -101,8 +132,20 @@ class LionAttention(nn.Module):
       ``cap * tanh(i~ / cap)`` (``input_gate_cap``, 15 as in xLSTM-7B's gate soft-cap), so
       ``exp`` stays finite in float32 without xLSTM's running-max stabiliser.
 
-    ``decay_shape="vector"`` (selective variants only; paper C.7): one decay per value feature,
-    ``a_i in R^V`` per head (``Dense(D -> H*V)``), with SCALE per value feature.
+    ``decay_shape="vector"`` (decaying variants; paper C.7): one decay per value feature,
+    ``a_i in R^V`` per head (``Dense(D -> H*V)`` for the gates, ``H*V`` fixed decays), with
+    SCALE per value feature.
+
+    The LRA recipe of paper Appendix D.2 and the ablations of Table 6 are switches:
+    ``decay_init="hippo"`` adds a learnable non-selective log-decay per channel, initialised
+    from HiPPO (:func:`hippo_log_decays`; ``a = -exp(p)``, so it stays negative): LION-D's
+    decay is then that alone, LION-S's is ``a_c + log sigmoid(w^T x_i + b)``;
+    ``value_init="zoh"`` scales ``W_v``'s columns by the ZOH factors of those decays
+    (:func:`zoh_value_scales`); ``decay_activation="softplus"`` (Table 6 [7], which the paper
+    does not define) takes ``a_i = -softplus(w^T x_i + b)``: ``log sigmoid`` of ``-z``, so
+    with the same bias init the decays start strong instead of weak;
+    ``normalize_unmasked=True`` (Table 6 [5], "scaled attention w.o. mask") divides the
+    masked numerator by the *unmasked* row sum ``sum_j s_ij`` instead of ``sum_j s_ij M_ij``.
 
     Scaling: ``q`` is multiplied by ``K**-0.5`` unless the output is SCALE-normalised (there the
     factor cancels, up to ``eps``).
@@ -140,6 +183,12 @@ class LionAttention(nn.Module):
         sequence, which keeps 16-bit gradients precise for values far from zero mean under
         little decay (LION-LIT), for ~5 % more time in the op.
       decay_init_exponents: range of ``e`` in the decay init above.
+      decay_init: ``"exponents"`` (above) or ``"hippo"`` (non-selective HiPPO part, above).
+      hippo_dt_range: the steps ``dt`` of the HiPPO init, log-spaced over the heads.
+      decay_activation: selective decay ``"log_sigmoid"`` (Eq. 28) or ``"softplus"``.
+      value_init: ``"lecun"`` or ``"zoh"`` (needs ``decay_init="hippo"``).
+      normalize_unmasked: SCALE by the unmasked row sum (Table 6 [5]); bidirectional,
+        normalised variants only.
       input_gate_cap: soft cap of ``xlstm``'s log input gate.
       init_std: std of a Gaussian init for the query, key and gate kernels (the paper's LRA
         recipe, Appendix D.2, uses 0.1); None = lecun normal.
@@ -161,6 +210,11 @@ class LionAttention(nn.Module):
     centre_values: bool = False
     decay_init_exponents: tuple[float, float] = (5.0, 12.0)
     input_gate_cap: float = 15.0
+    decay_init: str = "exponents"
+    hippo_dt_range: tuple[float, float] = (0.001, 0.1)
+    decay_activation: str = "log_sigmoid"
+    value_init: str = "lecun"
+    normalize_unmasked: bool = False
     init_std: float | None = None
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -171,10 +225,32 @@ class LionAttention(nn.Module):
         if self.decay_shape not in DECAY_SHAPES:
             raise ValueError(
                 f"unknown decay_shape {self.decay_shape!r}; valid: {list(DECAY_SHAPES)}")
-        if self.decay_shape == "vector" and self.variant not in SELECTIVE_VARIANTS:
+        if self.decay_shape == "vector" and self.variant == "lit":
+            raise ValueError("decay_shape='vector' (paper C.7) needs a decay; variant 'lit' has "
+                             "none")
+        if self.impl not in ops.IMPLS:
+            raise ValueError(f"unknown impl {self.impl!r}; valid: {list(ops.IMPLS)}")
+        for name, value, valid in (("decay_init", self.decay_init, DECAY_INITS),
+                                   ("decay_activation", self.decay_activation, DECAY_ACTIVATIONS),
+                                   ("value_init", self.value_init, VALUE_INITS)):
+            if value not in valid:
+                raise ValueError(f"unknown {name} {value!r}; valid: {list(valid)}")
+        if self.decay_init == "hippo" and self.variant not in (*FIXED_DECAY_VARIANTS, "s"):
+            raise ValueError(f"decay_init='hippo' is for variants 'd', 'retnet' and 's'; got "
+                             f"variant={self.variant!r}")
+        if self.decay_activation != "log_sigmoid" and self.variant != "s":
+            raise ValueError(f"decay_activation={self.decay_activation!r} is for variant 's' "
+                             f"(the selective decay); got variant={self.variant!r}")
+        if self.value_init == "zoh" and self.decay_init != "hippo":
+            raise ValueError("value_init='zoh' scales W_v by the HiPPO decays: set "
+                             "decay_init='hippo'")
+        if self.normalize_unmasked and (self.causal or not self.scaled):
             raise ValueError(
-                f"decay_shape='vector' (paper C.7) needs an input-dependent decay, i.e. variant in "
-                f"{list(SELECTIVE_VARIANTS)}; got variant={self.variant!r}")
+                "normalize_unmasked=True needs the bidirectional op with SCALE normalisation; "
+                f"got causal={self.causal}, variant={self.variant!r}, normalize={self.normalize}")
+        if not 0 < self.hippo_dt_range[0] <= self.hippo_dt_range[1]:
+            raise ValueError(f"hippo_dt_range must be (min, max) with 0 < min <= max; got "
+                             f"{self.hippo_dt_range}")
         if self.variant == "xlstm" and self.normalize is not None:
             raise ValueError("variant 'xlstm' always divides by max(den, 1); leave normalize=None")
         for name in ("num_heads", "head_dim", "value_dim", "chunk_size"):
@@ -227,6 +303,30 @@ class LionAttention(nn.Module):
                             bias_init=_constant_init(bias), dtype=dtype)
         return dense(x.astype(dtype))
 
+    def _decay_channels(self) -> tuple[int, int]:
+        """``(channels per head, total channels)`` of the decay: ``V`` per head or 1."""
+        per_head = self.value_width if self.decay_shape == "vector" else 1
+        return per_head, self.num_heads * per_head
+
+    def _hippo(self) -> np.ndarray:
+        """The HiPPO init's log-decays, ``[H, channels per head]`` (float64)."""
+        return hippo_log_decays(self.num_heads, self._decay_channels()[0], self.hippo_dt_range)
+
+    def _fixed_log_decay(self, dtype):
+        """The non-selective log-decay per channel, ``[channels]``, or None (plain LION-S)."""
+        _, channels = self._decay_channels()
+        if self.decay_init == "hippo":
+            init = _constant_init(np.log(-self._hippo()).reshape(-1))
+            log_rate = self.param("decay_log_rate", nn.with_logical_partitioning(init, (None,)),
+                                  (channels,), self.param_dtype)
+            return -jnp.exp(log_rate.astype(dtype))
+        if self.variant in FIXED_DECAY_VARIANTS:
+            init = _constant_init(decay_logits(channels, self.decay_init_exponents))
+            logit = self.param("decay_logit", nn.with_logical_partitioning(init, (None,)),
+                               (channels,), self.param_dtype)
+            return jax.nn.log_sigmoid(logit.astype(dtype))
+        return None
+
     def _decays(self, x, dtype):
         """Log-decays and key scales of the variant, computed in ``dtype`` (>= float32).
 
@@ -238,18 +338,21 @@ class LionAttention(nn.Module):
         H, V = self.num_heads, self.value_width
         if self.variant == "lit":
             return None, None
-        if self.variant in FIXED_DECAY_VARIANTS:
-            init = _constant_init(decay_logits(H, self.decay_init_exponents))
-            logit = self.param("decay_logit", nn.with_logical_partitioning(init, (None,)), (H,),
-                               self.param_dtype)
-            return jnp.broadcast_to(jax.nn.log_sigmoid(logit.astype(dtype)), (B, L, H)), None
-
-        channels = H * V if self.decay_shape == "vector" else H
+        _, channels = self._decay_channels()
         shape = (B, L, H, V) if self.decay_shape == "vector" else (B, L, H)
+        fixed = self._fixed_log_decay(dtype)
+        if self.variant in FIXED_DECAY_VARIANTS:
+            return jnp.broadcast_to(fixed.reshape(shape[2:]), shape), None
+
         bias = decay_logits(channels, self.decay_init_exponents)
         z = self._gate(x, channels, "forget_gate" if self.variant == "xlstm" else "decay_gate",
                        bias, dtype).reshape(shape)
-        log_decay = jax.nn.log_sigmoid(z)
+        if self.decay_activation == "softplus":
+            log_decay = -jax.nn.softplus(z)
+        else:
+            log_decay = jax.nn.log_sigmoid(z)
+        if fixed is not None:
+            log_decay = log_decay + fixed.reshape(shape[2:])
         if self.variant == "s":
             return log_decay, None
         if self.variant == "grfa":
@@ -258,12 +361,30 @@ class LionAttention(nn.Module):
         log_input = self._gate(x, H, "input_gate", np.zeros(H), dtype)
         return log_decay, jnp.exp(cap * jnp.tanh(log_input / cap))
 
+    def _value_init(self):
+        """``W_v``'s initializer: lecun normal, or with ``value_init="zoh"`` its columns
+        scaled by :func:`zoh_value_scales` (a head's ``V`` columns take its channels' factors,
+        or its one factor for a scalar decay)."""
+        if self.value_init == "lecun":
+            return nn.initializers.lecun_normal()
+        H, V = self.num_heads, self.value_width
+        scales = np.broadcast_to(zoh_value_scales(self._hippo()), (H, V)).reshape(-1)
+
+        def init(key, shape, dtype=jnp.float32):
+            return nn.initializers.lecun_normal()(key, shape, dtype) * jnp.asarray(scales, dtype)
+        return init
+
     def _mix(self, q, k, v, log_decay):
         """The op call: ``[B, L, H, K] x2, [B, L, H, V], [B, L, H] -> [B, L, H, V]``."""
         op = ops.causal_linear_attention if self.causal else ops.lion_attention
         kwargs = dict(impl=self.impl, chunk_size=self.chunk_size, eps=self.eps)
         if self.centre_values:  # checked in __post_init__: bidirectional and normalised
             kwargs["centre_values"] = True
+        if self.normalize_unmasked:  # checked in __post_init__: bidirectional and normalised
+            num = op(q, k, v, log_decay, normalize=False, **kwargs)
+            dtype = jnp.promote_types(v.dtype, jnp.float32)
+            den = jnp.einsum("blhk,bhk->blh", q.astype(dtype), jnp.sum(k.astype(dtype), axis=1))
+            return (num.astype(dtype) / (den[..., None] + self.eps)).astype(v.dtype)
         if self.variant != "xlstm":
             return op(q, k, v, log_decay, normalize=self.scaled, **kwargs)
         # numerator and denominator from one call: the last value column is all ones
@@ -286,7 +407,8 @@ class LionAttention(nn.Module):
         qk_init = nn.initializers.normal(self.init_std) if self.init_std else None
         q = self._dense(H * K, ("embed", "heads"), "query", kernel_init=qk_init)(x)
         k = self._dense(H * K, ("embed", "heads"), "key", kernel_init=qk_init)(x)
-        v = self._dense(H * V, ("embed", "heads"), "value")(x).reshape(B, L, H, V)
+        v = self._dense(H * V, ("embed", "heads"), "value", kernel_init=self._value_init())(
+            x).reshape(B, L, H, V)
         compute_dtype = v.dtype
         float_dtype = jnp.promote_types(compute_dtype, jnp.float32)
 
