@@ -4,7 +4,11 @@
 
     {"step": 100, "split": "train", "metrics": {"loss": 2.1, ...}, "time": 1718000000.0}
 
-``time`` is the Unix wall-clock time of the write. TensorBoard event files go to
+``time`` is the Unix wall-clock time of the write. Each start or resume of a run first writes
+a ``"split": "run"`` record at the step it starts from, with empty ``metrics`` and an ``info``
+dict (device kind and count, platform, jax version, the config argument): the wall time of a
+run split into segments is the sum, over its ``run`` records, of the time from each to the
+last record before the next one. TensorBoard event files go to
 ``workdir/tensorboard`` when ``tensorboardX`` is importable (``pip install tensorboardX``).
 Only process 0 writes or prints.
 """
@@ -57,6 +61,15 @@ class MetricsWriter:
         if self._tb is not None:
             for name, value in record["metrics"].items():
                 self._tb.add_scalar(f"{split}/{name}", value, step)
+
+    def write_run_info(self, step, info):
+        """Appends the ``run`` record of a (re)start at ``step`` (see the module docstring)."""
+        if not self._enabled:
+            return
+        record = {"step": int(step), "split": "run", "metrics": {}, "info": dict(info),
+                  "time": time.time()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
     def close(self):
         if self._tb is not None:

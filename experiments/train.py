@@ -124,7 +124,7 @@ def main(argv):
 
     workdir = FLAGS.workdir or default_workdir(config_arg)
     try:
-        trainer.train_and_evaluate(FLAGS.config, workdir)
+        trainer.train_and_evaluate(FLAGS.config, workdir, config_name=config_arg)
     except UserError as e:
         _fail(str(e))
     except KeyboardInterrupt:

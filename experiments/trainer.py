@@ -131,7 +131,7 @@ def _check_config(config):
                         f"with split in config.eval_splits {tuple(config.eval_splits)}")
 
 
-def train_and_evaluate(config, workdir, *, task=None, devices=None):
+def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=None):
     """Trains ``config`` in ``workdir`` (resuming from its latest checkpoint if any).
 
     Args:
@@ -139,6 +139,8 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None):
       workdir: output directory: checkpoints/, best/, metrics.jsonl, config.json.
       task: a task object (experiments/tasks/); default: built from ``config.task``.
       devices: devices of the mesh; default: all.
+      config_name: the ``--config`` argument (``path.py[:variant]``), recorded in the run's
+        ``run`` records of metrics.jsonl.
 
     Returns:
       The summary dict that is also printed: best and final eval records, the task's extra
@@ -214,6 +216,11 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None):
              f"{mesh.devices.size} {jax.devices()[0].platform} device(s), {total_steps} steps "
              f"of {config.batch_size} examples")
         writer = MetricsWriter(workdir, resume_step=start_step if restored else None)
+        device = jax.devices()[0]
+        writer.write_run_info(start_step, {
+            "device": getattr(device, "device_kind", device.platform),
+            "platform": device.platform, "num_devices": mesh.devices.size,
+            "jax": jax.__version__, "config": config_name or ""})
         bar = ProgressBar(total_steps, start_step, config.batch_size, config.progress_bar)
 
         def evaluate(params, split):
