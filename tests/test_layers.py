@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lion_jax.layers import LionAttention, LionBlock, Mlp, get_feature_map
+from lion_jax.layers import (LionAttention, Mlp, ResidualBlock, SoftmaxAttention,
+                             get_feature_map, make_mixer)
 from lion_jax.layers.lion import decay_logits, hippo_log_decays, zoh_value_scales
 
 B, L, D, H, K, V = 2, 13, 16, 2, 4, 6  # odd length, K != V
@@ -455,8 +456,8 @@ def test_mlp_and_block(rng):
 
     mask = jnp.asarray(rng.random((B, L)) < 0.8)
     for norm in ("layernorm", "rmsnorm"):
-        block = LionBlock(dict(num_heads=H, head_dim=K, variant="s", impl="attention"),
-                          mlp_dim=32, dropout=0.3, norm=norm)
+        block = ResidualBlock(dict(num_heads=H, head_dim=K, variant="s", impl="attention"),
+                              mlp_dim=32, dropout=0.3, norm=norm)
         variables = block.init(jax_key(rng), x, mask)
         y = block.apply(variables, x, mask)
         assert y.shape == x.shape and np.all(np.isfinite(y))
@@ -465,4 +466,39 @@ def test_mlp_and_block(rng):
                              rngs={"dropout": jax_key(rng)})
         assert not np.allclose(y_drop, y)
     with pytest.raises(ValueError, match="unknown norm"):
-        LionBlock(dict(num_heads=H, head_dim=K), mlp_dim=32, norm="batchnorm")
+        ResidualBlock(dict(num_heads=H, head_dim=K), mlp_dim=32, norm="batchnorm")
+    with pytest.raises(ValueError, match="unknown mixer kind 'mamba'"):
+        ResidualBlock(dict(num_heads=H, head_dim=K), mlp_dim=32, mixer_kind="mamba")
+
+
+def test_make_mixer_checks_at_construction():
+    """A bad mixer key or value fails when the mixer is built, in one line naming it."""
+    with pytest.raises(ValueError, match="unexpected keyword argument 'varaint'"):
+        make_mixer("lion", num_heads=H, head_dim=K, varaint="s")
+    with pytest.raises(ValueError, match="unknown impl 'fast'"):
+        make_mixer("softmax", num_heads=H, head_dim=K, impl="fast")
+    with pytest.raises(ValueError, match="unknown mixer kind"):
+        make_mixer("rnn", num_heads=H, head_dim=K)
+    assert isinstance(make_mixer("softmax", num_heads=H, head_dim=K), SoftmaxAttention)
+
+
+@pytest.mark.parametrize("impl", ["auto", "xla"])
+def test_softmax_attention_matches_formula(rng, impl):
+    """``softmax(q k^T / sqrt(K)) v`` over the real (prefix) tokens, then the output Dense."""
+    x = normal(rng, B, L, D)
+    lengths = np.array([L, L - 4])
+    mask = jnp.asarray(np.arange(L)[None] < lengths[:, None])
+    layer = SoftmaxAttention(num_heads=H, head_dim=K, impl=impl)
+    params = layer.init(jax_key(rng), x, mask)
+    y = np.asarray(layer.apply(params, x, mask), np.float64)
+    p = jax.tree.map(lambda t: np.asarray(t, np.float64), nn.unbox(params)["params"])
+    xs = np.asarray(x, np.float64)
+    q, k, v = (xs @ p[n]["kernel"] + p[n]["bias"] for n in ("query", "key", "value"))
+    q, k, v = (t.reshape(B, L, H, K) for t in (q, k, v))
+    for b, n in enumerate(lengths):
+        s = np.einsum("ihk,jhk->hij", q[b, :n], k[b, :n]) / np.sqrt(K)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        out = np.einsum("hij,jhk->ihk", w, v[b, :n]).reshape(n, H * K)
+        expected = out @ p["out"]["kernel"] + p["out"]["bias"]
+        assert rel_err(y[b, :n], expected) < 1e-5

@@ -152,3 +152,60 @@ def test_bad_config_raises_at_init(rng):
         make_model(mixer=dict(variant="mamba")).init(jax_key(rng), tokens, train=False)
     with pytest.raises(ValueError, match="exceeds max_len"):
         make_model(pos_emb="learned", max_len=L - 1).init(jax_key(rng), tokens, train=False)
+
+
+def test_pixel_inputs_have_no_padding(rng):
+    """``input_encoding="pixels"`` with ``pad_id=None``: every pixel is real (0 is black), and
+    the intensities enter through a Dense of ``(x / 255 - 0.5) / 0.5``."""
+    model = make_model(input_encoding="pixels", pad_id=None)
+    pixels = jnp.asarray(rng.integers(0, 256, size=(B, L)), jnp.uint8).at[:, -3:].set(0)
+    variables = model.init(jax_key(rng), pixels, train=False)
+    assert nn.unbox(variables)["params"]["embed"]["kernel"].shape == (1, 16)
+    logits = model.apply(variables, pixels, train=False)
+    assert np.all(np.isfinite(logits))
+    # trailing zeros are black pixels, not padding: dropping them changes the output
+    assert not np.allclose(model.apply(variables, pixels[:, :-3], train=False), logits)
+    with pytest.raises(ValueError, match="unknown input_encoding"):
+        make_model(input_encoding="onehot")
+
+
+def test_softmax_baseline_and_mixer_checks(rng):
+    model = make_model(mixer_kind="softmax", mixer=dict(impl="xla"), pos_emb="learned",
+                       max_len=L + 4)
+    tokens = random_tokens(rng)
+    variables = model.init(jax_key(rng), tokens, train=False)
+    logits = model.apply(variables, tokens, train=False)
+    padded = jnp.concatenate([tokens, jnp.zeros((B, 4), jnp.int32)], axis=1)
+    np.testing.assert_allclose(model.apply(variables, padded, train=False), logits,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unexpected keyword argument 'variant'"):
+        make_model(mixer_kind="softmax", mixer=dict(variant="s"))
+    with pytest.raises(ValueError, match="unknown impl 'bogus'"):
+        make_model(mixer=dict(variant="s", impl="bogus"))
+    with pytest.raises(ValueError, match="unknown mixer kind"):
+        make_model(mixer_kind="mamba")
+
+
+def test_dual_encoder_shares_weights(rng):
+    """One encoder for both documents: swapping the pair swaps the encodings, and
+    ``[u, v, u*v, u-v]`` feeds the head."""
+    from lion_jax.models import DualEncoderClassifier
+
+    encoder = dict(vocab_size=VOCAB, d_model=16, num_layers=1, num_heads=2, mlp_dim=32,
+                   mixer=dict(variant="s", impl="attention"))
+    model = DualEncoderClassifier(num_classes=2, encoder=encoder, mlp_dim=24)
+    t1, t2 = random_tokens(rng), random_tokens(rng)
+    variables = model.init(jax_key(rng), t1, t2, train=False)
+    assert set(nn.unbox(variables)["params"]) == {"encode", "hidden", "head"}
+    logits = model.apply(variables, t1, t2, train=False)
+    assert logits.shape == (B, 2) and np.all(np.isfinite(logits))
+    u, v = model.apply(variables, t1, t2, train=False, method="encode_pair")
+    v2, u2 = model.apply(variables, t2, t1, train=False, method="encode_pair")
+    np.testing.assert_allclose(u2, u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(v2, v, rtol=1e-5, atol=1e-6)
+    single = SequenceClassifier(num_classes=None, **encoder)
+    np.testing.assert_allclose(
+        single.apply({"params": nn.unbox(variables)["params"]["encode"]}, t1, train=False), u,
+        rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="one shape"):
+        model.apply(variables, t1, t2[:, :-1], train=False)

@@ -1,7 +1,10 @@
-"""Flax linen layers: LION token mixers, MLPs, norms and feature maps."""
+"""Flax linen layers: token mixers (LION, softmax), the residual block, MLPs, norms, feature maps."""
 
+from lion_jax.layers.block import MIXERS, ResidualBlock, make_mixer
 from lion_jax.layers.feature_maps import get_feature_map
-from lion_jax.layers.lion import LionAttention, LionBlock
+from lion_jax.layers.lion import LionAttention
 from lion_jax.layers.mlp import Mlp
+from lion_jax.layers.softmax import SoftmaxAttention
 
-__all__ = ["LionAttention", "LionBlock", "Mlp", "get_feature_map"]
+__all__ = ["MIXERS", "LionAttention", "Mlp", "ResidualBlock", "SoftmaxAttention",
+           "get_feature_map", "make_mixer"]

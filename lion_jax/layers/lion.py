@@ -1,4 +1,4 @@
-"""LION token mixers (paper Sec. 3-4, Appendix C.5 and C.7) and a pre-norm residual block.
+"""LION token mixers (paper Sec. 3-4, Appendix C.5 and C.7).
 
 All the math of the mask, the scan and the chunking lives in :mod:`lion_jax.ops`; the module
 here only builds ``q, k, v`` and log-decays from the input and picks the output normalisation.
@@ -17,8 +17,6 @@ import numpy as np
 
 from lion_jax import ops
 from lion_jax.layers.feature_maps import get_feature_map
-from lion_jax.layers.mlp import Mlp
-from lion_jax.layers.norms import check_norm, make_norm
 
 VARIANTS = ("lit", "d", "retnet", "s", "grfa", "xlstm")
 FIXED_DECAY_VARIANTS = ("d", "retnet")
@@ -444,43 +442,3 @@ class LionAttention(nn.Module):
                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None, None)),
                 name="output_norm")(y)
         return self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * V))
-
-
-class LionBlock(nn.Module):
-    """Pre-norm residual block ``[B, L, D] -> [B, L, D]``::
-
-        x = x + Dropout(LionAttention(Norm(x), mask))
-        x = x + Dropout(Mlp(Norm(x)))
-
-    Attributes:
-      mixer: keyword arguments of :class:`LionAttention` (``num_heads``, ``head_dim``,
-        ``variant``, ``impl``, ...), except ``dtype`` and ``param_dtype`` (taken from here).
-      mlp_dim: hidden width of the MLP.
-      dropout: rate of the residual-branch dropouts and the MLP's inner dropout.
-      norm: ``"layernorm"`` or ``"rmsnorm"``.
-      dtype, param_dtype: compute and parameter dtypes.
-    """
-
-    mixer: Mapping[str, Any]
-    mlp_dim: int
-    dropout: float = 0.0
-    norm: str = "layernorm"
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-
-    def __post_init__(self):
-        check_norm(self.norm)
-        super().__post_init__()
-
-    @nn.compact
-    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None, *,
-                 deterministic: bool = True) -> jnp.ndarray:
-        """``x [B, L, D]``, ``mask [B, L]`` bool (True = real token) -> ``[B, L, D]``."""
-        dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        h = make_norm(self.norm, **dtypes, name="mixer_norm")(x)
-        h = LionAttention(**self.mixer, **dtypes, name="mixer")(h, mask)
-        x = x + nn.Dropout(self.dropout)(h, deterministic=deterministic)
-        h = make_norm(self.norm, **dtypes, name="mlp_norm")(x)
-        h = Mlp(self.mlp_dim, dropout=self.dropout, **dtypes, name="mlp")(
-            h, deterministic=deterministic)
-        return x + nn.Dropout(self.dropout)(h, deterministic=deterministic)

@@ -1,5 +1,5 @@
 """Task models built from :mod:`lion_jax.layers`."""
 
-from lion_jax.models.classifier import SequenceClassifier
+from lion_jax.models.classifier import DualEncoderClassifier, SequenceClassifier
 
-__all__ = ["SequenceClassifier"]
+__all__ = ["DualEncoderClassifier", "SequenceClassifier"]

@@ -1,4 +1,4 @@
-"""Sequence classifier for the Long Range Arena (single-input tasks)."""
+"""Sequence classifiers for the Long Range Arena: one input, and a dual encoder for pairs."""
 
 from typing import Any, Mapping
 
@@ -7,11 +7,12 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 from flax.linen.linear import default_embed_init
 
-from lion_jax.layers.lion import LionBlock
+from lion_jax.layers.block import ResidualBlock, make_mixer
 from lion_jax.layers.norms import check_norm, make_norm
 
 POOLINGS = ("mean", "cls", "last")
 POS_EMBS = ("none", "learned", "sinusoidal")
+INPUT_ENCODINGS = ("embed", "pixels")
 _RESERVED_MIXER_KEYS = ("num_heads", "head_dim", "dtype", "param_dtype")
 
 
@@ -28,11 +29,13 @@ def sinusoidal_embedding(length: int, features: int) -> jnp.ndarray:
 class SequenceClassifier(nn.Module):
     """Token ids ``[B, L]`` -> class logits ``[B, num_classes]`` (float32).
 
-    ``Embed -> (+ positions) -> (prepend CLS) -> Dropout -> num_layers x LionBlock -> Norm ->
-    pool -> Dense``.
+    ``Embed -> (+ positions) -> (prepend CLS) -> Dropout -> num_layers x ResidualBlock ->
+    Norm -> pool -> Dense``. With ``num_classes=None`` it stops before the ``Dense`` and returns
+    the pooled features ``[B, d_model]`` (float32): the encoder of :class:`DualEncoderClassifier`.
 
     Attributes:
-      vocab_size, num_classes: sizes of the token and label sets.
+      vocab_size: size of the token set (unused with ``input_encoding="pixels"``).
+      num_classes: number of labels; None = return the pooled features.
       d_model, num_layers, num_heads: width, depth, heads.
       head_dim: query/key width per head; None = ``d_model // num_heads``.
       mlp_dim: MLP hidden width.
@@ -44,15 +47,22 @@ class SequenceClassifier(nn.Module):
       pos_emb: ``"none"`` (LION-S needs none, paper Sec. 4), ``"learned"`` (needs ``max_len``)
         or ``"sinusoidal"``.
       max_len: longest input for ``pos_emb="learned"``.
-      mixer: :class:`~lion_jax.layers.LionAttention` keyword arguments (``variant``, ``impl``,
-        ``chunk_size``, ``feature_map``, ...), except ``num_heads``, ``head_dim``, ``dtype`` and
-        ``param_dtype``, which come from this module.
+      mixer_kind: the token mixer, a key of :data:`lion_jax.layers.MIXERS` (``"lion"``,
+        ``"softmax"``: the Transformer baseline).
+      mixer: the mixer's keyword arguments (LION: ``variant``, ``impl``, ``chunk_size``,
+        ``feature_map``, ...), except ``num_heads``, ``head_dim``, ``dtype`` and
+        ``param_dtype``, which come from this module. Checked when the model is built.
       norm: ``"layernorm"`` or ``"rmsnorm"``.
+      input_encoding: ``"embed"`` (a learned embedding of the ids; LRA feeds pixel intensities
+        this way) or ``"pixels"`` (ids are 8-bit intensities, mapped to ``(x / 255 - 0.5) /
+        0.5`` and through ``Dense(1 -> d_model)``, as S5 feeds images).
+      pad_id: the padding id (the default mask is ``tokens != pad_id``); None = no padding
+        (images, where 0 is a black pixel).
       dtype, param_dtype: compute and parameter dtypes.
     """
 
     vocab_size: int
-    num_classes: int
+    num_classes: int | None
     d_model: int
     num_layers: int
     num_heads: int
@@ -62,8 +72,11 @@ class SequenceClassifier(nn.Module):
     pooling: str = "mean"
     pos_emb: str = "none"
     max_len: int | None = None
+    mixer_kind: str = "lion"
     mixer: Mapping[str, Any] = FrozenDict()
     norm: str = "layernorm"
+    input_encoding: str = "embed"
+    pad_id: int | None = 0
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -77,23 +90,39 @@ class SequenceClassifier(nn.Module):
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by num_heads="
                              f"{self.num_heads}; set head_dim")
+        if self.input_encoding not in INPUT_ENCODINGS:
+            raise ValueError(f"unknown input_encoding {self.input_encoding!r}; valid: "
+                             f"{list(INPUT_ENCODINGS)}")
         reserved = sorted(set(self.mixer) & set(_RESERVED_MIXER_KEYS))
         if reserved:
             raise ValueError(f"set {reserved} on SequenceClassifier, not in mixer")
         check_norm(self.norm)
+        make_mixer(self.mixer_kind, **self._mixer_kwargs())  # fails now on a bad key or value
         super().__post_init__()
+
+    def _mixer_kwargs(self):
+        head_dim = self.head_dim or self.d_model // self.num_heads
+        return dict(num_heads=self.num_heads, head_dim=head_dim, **self.mixer)
 
     @nn.compact
     def __call__(self, tokens: jnp.ndarray, *, train: bool,
                  mask: jnp.ndarray | None = None) -> jnp.ndarray:
-        """``tokens [B, L]`` int; ``mask [B, L]`` bool (default ``tokens != 0``, pad id 0)."""
+        """``tokens [B, L]`` int; ``mask [B, L]`` bool (default ``tokens != pad_id``)."""
         B, L = tokens.shape
         D = self.d_model
         dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        mask = tokens != 0 if mask is None else mask.astype(bool)
+        if mask is None:
+            mask = jnp.ones((B, L), bool) if self.pad_id is None else tokens != self.pad_id
+        mask = mask.astype(bool)
 
-        x = nn.Embed(self.vocab_size, D, **dtypes, name="embed", embedding_init=(
-            nn.with_logical_partitioning(default_embed_init, ("vocab", "embed"))))(tokens)
+        if self.input_encoding == "pixels":
+            pixels = (tokens.astype(jnp.float32) / 255.0 - 0.5) / 0.5
+            x = nn.Dense(D, **dtypes, name="embed", kernel_init=nn.with_logical_partitioning(
+                nn.initializers.lecun_normal(), (None, "embed")), bias_init=(
+                nn.with_logical_partitioning(nn.initializers.zeros, ("embed",))))(pixels[..., None])
+        else:
+            x = nn.Embed(self.vocab_size, D, **dtypes, name="embed", embedding_init=(
+                nn.with_logical_partitioning(default_embed_init, ("vocab", "embed"))))(tokens)
         if self.pos_emb == "learned":
             if L > self.max_len:
                 raise ValueError(f"sequence length {L} exceeds max_len={self.max_len}")
@@ -111,11 +140,10 @@ class SequenceClassifier(nn.Module):
 
         deterministic = not train
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-        mixer = dict(num_heads=self.num_heads, head_dim=self.head_dim or D // self.num_heads,
-                     **self.mixer)
         for i in range(self.num_layers):
-            x = LionBlock(mixer, self.mlp_dim, dropout=self.dropout, norm=self.norm, **dtypes,
-                          name=f"block_{i}")(x, mask, deterministic=deterministic)
+            x = ResidualBlock(self._mixer_kwargs(), self.mlp_dim, mixer_kind=self.mixer_kind,
+                              dropout=self.dropout, norm=self.norm, **dtypes,
+                              name=f"block_{i}")(x, mask, deterministic=deterministic)
         x = make_norm(self.norm, **dtypes, name="final_norm")(x).astype(jnp.float32)
 
         if self.pooling == "cls":
@@ -126,8 +154,69 @@ class SequenceClassifier(nn.Module):
         else:  # last real token, whatever the padding layout
             last = jnp.max(jnp.where(mask, jnp.arange(x.shape[1]), 0), axis=1)
             pooled = x[jnp.arange(B), last]
+        if self.num_classes is None:
+            return pooled
         return nn.Dense(
             self.num_classes, dtype=jnp.float32, param_dtype=self.param_dtype, name="head",
             kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
                                                      ("embed", "classes")),
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("classes",)))(pooled)
+
+
+class DualEncoderClassifier(nn.Module):
+    """A pair of token sequences ``[B, L]``, ``[B, L]`` -> logits ``[B, num_classes]`` (LRA
+    Retrieval).
+
+    Both sequences go through one :class:`SequenceClassifier` encoder (the same weights; the
+    pair is stacked along the batch, so one call encodes both), and the pooled encodings
+    ``u, v [B, D]`` are combined as LRA's dual encoder does, ``[u, v, u * v, u - v]``, then
+    ``Dense(mlp_dim) -> relu -> Dense(num_classes)``.
+
+    Attributes:
+      num_classes: number of labels.
+      encoder: :class:`SequenceClassifier` keyword arguments except ``num_classes``.
+      mlp_dim: hidden width of the classifier on the combined encodings; None = ``d_model``.
+    """
+
+    num_classes: int
+    encoder: Mapping[str, Any]
+    mlp_dim: int | None = None
+
+    def __post_init__(self):
+        if "num_classes" in self.encoder:
+            raise ValueError("set num_classes on DualEncoderClassifier, not in encoder")
+        SequenceClassifier(num_classes=None, **self.encoder)  # fails now on a bad key or value
+        super().__post_init__()
+
+    def setup(self):
+        self.encode = SequenceClassifier(num_classes=None, **self.encoder)
+        hidden = self.mlp_dim or self.encoder["d_model"]
+        self.hidden = nn.Dense(hidden, dtype=jnp.float32,
+                               param_dtype=self.encoder.get("param_dtype", jnp.float32),
+                               kernel_init=nn.with_logical_partitioning(
+                                   nn.initializers.lecun_normal(), (None, "mlp")),
+                               bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                      ("mlp",)))
+        self.head = nn.Dense(self.num_classes, dtype=jnp.float32,
+                             param_dtype=self.encoder.get("param_dtype", jnp.float32),
+                             kernel_init=nn.with_logical_partitioning(
+                                 nn.initializers.lecun_normal(), ("mlp", "classes")),
+                             bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                    ("classes",)))
+
+    def encode_pair(self, tokens1, tokens2, *, train: bool):
+        """The pooled encodings ``(u, v)``, each ``[B, D]`` float32, of two ``[B, L]`` token
+        arrays (encoded in one batch)."""
+        if tokens1.shape != tokens2.shape:
+            raise ValueError(f"the two sequences must have one shape [B, L]; got "
+                             f"{tokens1.shape} and {tokens2.shape}")
+        both = self.encode(jnp.concatenate([tokens1, tokens2]), train=train)
+        return both[:tokens1.shape[0]], both[tokens1.shape[0]:]
+
+    def __call__(self, tokens1: jnp.ndarray, tokens2: jnp.ndarray, *, train: bool
+                 ) -> jnp.ndarray:
+        """``tokens1, tokens2 [B, L]`` int (padded with ``encoder['pad_id']``, 0 by default) ->
+        ``[B, num_classes]`` float32."""
+        u, v = self.encode_pair(tokens1, tokens2, train=train)
+        h = jnp.concatenate([u, v, u * v, u - v], axis=-1)
+        return self.head(nn.relu(self.hidden(h)))

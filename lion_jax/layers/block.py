@@ -1,0 +1,72 @@
+"""The pre-norm residual block, with any token mixer of :data:`MIXERS`."""
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from lion_jax.layers.lion import LionAttention
+from lion_jax.layers.mlp import Mlp
+from lion_jax.layers.norms import check_norm, make_norm
+from lion_jax.layers.softmax import SoftmaxAttention
+
+MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention}
+
+
+def make_mixer(kind: str, **kwargs) -> nn.Module:
+    """The token mixer ``MIXERS[kind](**kwargs)``, built (and so checked) now.
+
+    Raises:
+      ValueError: an unknown kind, an unknown keyword or a bad value, in one line naming it.
+    """
+    if kind not in MIXERS:
+        raise ValueError(f"unknown mixer kind {kind!r}; valid: {list(MIXERS)}")
+    try:
+        return MIXERS[kind](**kwargs)
+    except TypeError as e:  # an unknown keyword argument
+        raise ValueError(f"{kind} mixer: {e}".replace("__init__() ", "")) from None
+
+
+class ResidualBlock(nn.Module):
+    """Pre-norm residual block ``[B, L, D] -> [B, L, D]``::
+
+        x = x + Dropout(Mixer(Norm(x), mask))
+        x = x + Dropout(Mlp(Norm(x)))
+
+    Attributes:
+      mixer: keyword arguments of the mixer (``num_heads``, ``head_dim``, ``variant``,
+        ``impl``, ...), except ``dtype`` and ``param_dtype`` (taken from here).
+      mlp_dim: hidden width of the MLP.
+      mixer_kind: a key of :data:`MIXERS` (``"lion"``: :class:`LionAttention`,
+        ``"softmax"``: :class:`SoftmaxAttention`).
+      dropout: rate of the residual-branch dropouts and the MLP's inner dropout.
+      norm: ``"layernorm"`` or ``"rmsnorm"``.
+      dtype, param_dtype: compute and parameter dtypes.
+    """
+
+    mixer: Mapping[str, Any]
+    mlp_dim: int
+    mixer_kind: str = "lion"
+    dropout: float = 0.0
+    norm: str = "layernorm"
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        check_norm(self.norm)
+        if self.mixer_kind not in MIXERS:
+            raise ValueError(f"unknown mixer kind {self.mixer_kind!r}; valid: {list(MIXERS)}")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None, *,
+                 deterministic: bool = True) -> jnp.ndarray:
+        """``x [B, L, D]``, ``mask [B, L]`` bool (True = real token) -> ``[B, L, D]``."""
+        dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        h = make_norm(self.norm, **dtypes, name="mixer_norm")(x)
+        h = MIXERS[self.mixer_kind](**self.mixer, **dtypes, name="mixer")(h, mask)
+        x = x + nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        h = make_norm(self.norm, **dtypes, name="mlp_norm")(x)
+        h = Mlp(self.mlp_dim, dropout=self.dropout, **dtypes, name="mlp")(
+            h, deterministic=deterministic)
+        return x + nn.Dropout(self.dropout)(h, deterministic=deterministic)

@@ -1,0 +1,68 @@
+"""Softmax attention token mixer (the Transformer baseline), on ``jax.nn.dot_product_attention``."""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+IMPLS = ("auto", "xla", "cudnn")
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention ``[B, L, D] -> [B, L, D]``.
+
+    ``softmax(q k^T / sqrt(K)) v`` per head through ``jax.nn.dot_product_attention``, then
+    ``Dense(H*V -> D)``. Same call signature as :class:`~lion_jax.layers.LionAttention`, so the
+    residual block takes either.
+
+    Padding: ``mask [B, L]`` (True = real token) must be a prefix per row (the classifiers pad
+    at the end); it becomes ``key_value_seq_lengths``, which cuDNN's kernel takes. Outputs at
+    padded positions are meaningless.
+
+    Attributes:
+      num_heads: ``H``. head_dim: ``K``, the query, key and value width per head.
+      causal: causal mask.
+      impl: ``"auto"`` (cuDNN flash attention where JAX supports the call, else XLA),
+        ``"xla"`` or ``"cudnn"`` (``jax.nn.dot_product_attention``'s ``implementation``).
+      dtype, param_dtype: compute and parameter dtypes.
+    """
+
+    num_heads: int
+    head_dim: int
+    causal: bool = False
+    impl: str = "auto"
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        if self.impl not in IMPLS:
+            raise ValueError(f"unknown impl {self.impl!r} for softmax attention; valid: "
+                             f"{list(IMPLS)}")
+        for name in ("num_heads", "head_dim"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        super().__post_init__()
+
+    def _dense(self, features, names, name):
+        return nn.Dense(features, dtype=self.dtype, param_dtype=self.param_dtype,
+                        kernel_init=nn.with_logical_partitioning(
+                            nn.initializers.lecun_normal(), names),
+                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                               (names[1],)),
+                        name=name)
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+        """``x [B, L, D]``, ``mask [B, L]`` bool (True = real token, a prefix) -> ``[B, L, D]``."""
+        B, L, D = x.shape
+        H, K = self.num_heads, self.head_dim
+        q, k, v = (self._dense(H * K, ("embed", "heads"), name)(x).reshape(B, L, H, K)
+                   for name in ("query", "key", "value"))
+        lengths = None if mask is None else jnp.sum(mask, axis=1, dtype=jnp.int32)
+        y = jax.nn.dot_product_attention(
+            q, k, v, is_causal=self.causal, query_seq_lengths=lengths,
+            key_value_seq_lengths=lengths,
+            implementation=None if self.impl == "auto" else self.impl)
+        return self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * K))
