@@ -34,6 +34,7 @@ def base_config():
     """
     c = ml_collections.ConfigDict()
     c.task = "classification"  # module in experiments/tasks/
+    c.label = ""  # the run's name in tables (the LRA leaderboard); "" = derived from the model
     c.seed = 0  # parameter init, dropout and data order
     c.batch_size = 32
     c.eval_batch_size = 32
@@ -70,4 +71,72 @@ def base_config():
         ("classes", None),
     )
     c.distributed = False  # jax.distributed.initialize(); also when JAX_COORDINATOR_ADDRESS is set
+    return c
+
+
+# ------------------------------------------------------------------------------------------------
+# Long Range Arena: the model, its mixer variants and the ablations of LION paper Table 6
+# ------------------------------------------------------------------------------------------------
+
+LRA_VARIANTS = {
+    "lit": "LION-LIT (no decay, elu+1 features, SCALE), otherwise the default setting",
+    "d": "LION-D (a learned fixed decay per head), otherwise the default setting",
+    "transformer": "softmax Transformer baseline (jax.nn.dot_product_attention, cuDNN on GPU; "
+                   "learned positions)",
+    "sigmoid_unscaled": "Table 6 [1]: sigmoid features, no SCALE",
+    "relu": "Table 6 [2]: ReLU features with SCALE",
+    "scalar_decay": "Table 6 [3]: one decay per head instead of one per value feature",
+    "unscaled": "Table 6 [4]: no SCALE",
+    "unmasked_scale": "Table 6 [5]: SCALE by the unmasked row sum",
+    "no_selectivity": "Table 6 [6]: the HiPPO decay alone (LION-D with a per-feature decay)",
+    "softplus": "Table 6 [7]: a_i = -softplus(w^T x_i + b)",
+}
+
+
+def lra_lion_s_mixer():
+    """The LION-S mixer of the LRA recipe (paper App. D.2): selective decay per value feature
+    (C.7) on top of a HiPPO-initialised non-selective one, ZOH-initialised W_v, N(0, 0.1^2) query,
+    key and gate kernels, SCALE, the kernels on GPU (impl="auto")."""
+    return ml_collections.ConfigDict(dict(
+        variant="s", impl="auto", chunk_size=64, feature_map="silu_l2", normalize=True,
+        decay_shape="vector", decay_init="hippo", hippo_dt_range=(0.001, 0.1),
+        decay_activation="log_sigmoid", value_init="zoh", normalize_unmasked=False,
+        init_std=0.1))
+
+
+def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
+              input_encoding="embed"):
+    """The LRA classifier of every task: pre-norm LION-S blocks, MLP width ``2 * d_model``,
+    LayerNorm, mean pooling, no positions (LION-S orders tokens by its decay), bf16 compute."""
+    return ml_collections.ConfigDict(dict(
+        d_model=d_model, num_layers=num_layers, num_heads=num_heads, mlp_dim=2 * d_model,
+        dropout=dropout, pooling="mean", pos_emb="none", max_len=max_len, norm="layernorm",
+        input_encoding=input_encoding, mixer_kind="lion", mixer=lra_lion_s_mixer(),
+        dtype="bfloat16", param_dtype="float32"))
+
+
+def apply_lra_variant(c, variant):
+    """Applies one of :data:`LRA_VARIANTS` to config ``c`` (in place); sets ``c.label``, the
+    name the leaderboard shows for ablations. Other variants are left to the config file."""
+    mixer = c.model.mixer
+    plain = dict(decay_shape="scalar", decay_init="exponents", value_init="lecun")
+    changes = {
+        "lit": dict(variant="lit", feature_map="elu1", **plain),
+        "d": dict(variant="d", **plain),
+        "sigmoid_unscaled": dict(feature_map="sigmoid", normalize=False),
+        "relu": dict(feature_map="relu"),
+        "scalar_decay": dict(decay_shape="scalar"),
+        "unscaled": dict(normalize=False),
+        "unmasked_scale": dict(normalize_unmasked=True),
+        "no_selectivity": dict(variant="d"),
+        "softplus": dict(decay_activation="softplus"),
+    }
+    if variant == "transformer":
+        c.model.mixer_kind = "softmax"
+        c.model.mixer = ml_collections.ConfigDict(dict(impl="auto"))
+        c.model.pos_emb = "learned"
+    elif variant in changes:
+        mixer.update(changes[variant])
+        if variant not in ("lit", "d"):
+            c.label = f"LION-S {variant}"
     return c

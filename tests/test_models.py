@@ -182,7 +182,7 @@ def test_softmax_baseline_and_mixer_checks(rng):
         make_model(mixer_kind="softmax", mixer=dict(variant="s"))
     with pytest.raises(ValueError, match="unknown impl 'bogus'"):
         make_model(mixer=dict(variant="s", impl="bogus"))
-    with pytest.raises(ValueError, match="unknown mixer kind"):
+    with pytest.raises(ValueError, match="unknown mixer_kind"):
         make_model(mixer_kind="mamba")
 
 

@@ -47,7 +47,7 @@ def test_default_workdir():
      f"error: unknown config key 'model.nonexistent' (not in {TINY})"),
     (["--config", "configs/lra/nope.py"], "error: config file 'configs/lra/nope.py' not found"),
     (["--config", "configs/lra/listops.py:huge"],
-     "error: unknown config variant 'huge' (known variants: quick, tiny)"),
+     "error: unknown config variant 'huge' (known variants: d, lit, no_selectivity, quick,"),
     (["--config", f"{TINY}", "--config.batch_size=abc"],
      "error: flag --config.batch_size=abc: invalid literal for int()"),
     ([], "error: --config is required"),
@@ -99,9 +99,11 @@ def test_tiny_run_writes_metrics_and_checkpoints_then_resumes(tmp_path, cache_di
     assert "test majority-class rate" in result.stdout
     with open(workdir / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
-    assert {(r["step"], r["split"]) for r in records} == {
+    assert {(r["step"], r["split"]) for r in records} == {(0, "run")} | {
         (s, split) for s in (2, 4) for split in ("train", "val", "test")}
-    assert set(records[0]) == {"step", "split", "metrics", "time"}
+    assert set(records[0]) == {"step", "split", "metrics", "info", "time"}
+    assert records[0]["info"]["config"] == TINY and records[0]["info"]["num_devices"] == 8
+    assert set(records[1]) == {"step", "split", "metrics", "time"}
     assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
     assert len(os.listdir(workdir / "best")) == 1
     assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 4
@@ -112,4 +114,6 @@ def test_tiny_run_writes_metrics_and_checkpoints_then_resumes(tmp_path, cache_di
     summary = lambda out: out[out.index("Summary"):out.index("wall time")]  # noqa: E731
     assert summary(again.stdout) == summary(result.stdout)
     with open(workdir / "metrics.jsonl") as f:
-        assert [json.loads(line) for line in f] == records
+        resumed = [json.loads(line) for line in f]
+    assert resumed[:-1] == records  # and the restart's run record
+    assert (resumed[-1]["step"], resumed[-1]["split"]) == (4, "run")

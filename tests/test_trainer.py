@@ -116,13 +116,13 @@ def toy_config(**overrides):
 
 
 def records(workdir, split=None):
-    """metrics.jsonl records without wall-clock fields."""
+    """metrics.jsonl records without wall-clock fields and without the (re)start records."""
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         out = [json.loads(line) for line in f]
     for r in out:
         r.pop("time")
         r["metrics"].pop("steps_per_sec", None)
-    return [r for r in out if split is None or r["split"] == split]
+    return [r for r in out if r["split"] != "run" and (split is None or r["split"] == split)]
 
 
 def train_losses(workdir):

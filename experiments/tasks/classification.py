@@ -1,9 +1,17 @@
-"""Sequence classification (LRA): token ids -> one of ``num_classes`` labels.
+"""Sequence classification (the Long Range Arena): token ids -> one of ``num_classes`` labels.
 
-Data: ``config.data.name`` picks a loader; its other keys are the loader's arguments
-(``cache_dir`` has ``~`` expanded). Model: ``lion_jax.models.SequenceClassifier`` with
-``config.model`` (``dtype`` / ``param_dtype`` given as names, e.g. "bfloat16"), vocabulary
-size and class count from the dataset. Loss: softmax cross-entropy; metrics: loss, accuracy.
+Data: ``config.data.name`` picks a dataset of :data:`DATASETS` (the six LRA tasks); the other
+keys of ``config.data`` are its loader's arguments (``~`` expanded in directories). Every
+dataset gives ``{split: arrays}`` with ``labels [N]`` and either ``tokens [N, L]`` or, for the
+pair task (Retrieval), ``tokens1, tokens2 [N, L]``.
+
+Model: ``lion_jax.models.SequenceClassifier`` with ``config.model`` (``dtype`` /
+``param_dtype`` given as names, e.g. "bfloat16"); vocabulary size, class count and padding id
+come from the dataset. Pair data gets a ``DualEncoderClassifier`` around that encoder
+(``config.model.pair_mlp_dim``: the width of its head). A bad model key or value stops with one
+line naming it, before anything is compiled.
+
+Loss: softmax cross-entropy; metrics: loss, accuracy.
 """
 
 import os
@@ -18,73 +26,126 @@ from experiments.errors import UserError
 SPLITS = ("train", "val", "test")
 
 
-def _load_listops(data_config):
-    """{split: arrays}, vocabulary size, number of classes.
+def _expand(kwargs, *keys):
+    for key in keys:
+        if key in kwargs:
+            kwargs[key] = os.path.expanduser(kwargs[key])
+    return kwargs
 
-    ``data_config.source`` is "generate" (generated on first use and cached; the other keys are
-    `load_listops`'s arguments) or "tsv" (LRA's official files in ``data_dir``, padded to
-    ``max_length``).
-    """
+
+def _listops(source, data_dir, **kwargs):
     from experiments.data import listops
 
-    kwargs = data_config.to_dict()
-    kwargs.pop("name")
-    source, data_dir = kwargs.pop("source"), os.path.expanduser(kwargs.pop("data_dir"))
     if source == "tsv":
-        try:
-            splits = {split: listops.load_listops_tsv(split, data_dir=data_dir,
-                                                      max_length=kwargs["max_length"])
-                      for split in SPLITS}
-        except (FileNotFoundError, ValueError) as e:
-            raise UserError(str(e)) from e
+        splits = {s: listops.load_listops_tsv(s, data_dir=data_dir,
+                                              max_length=kwargs["max_length"]) for s in SPLITS}
     elif source == "generate":
-        kwargs["cache_dir"] = os.path.expanduser(kwargs["cache_dir"])
-        try:
-            splits = {split: listops.load_listops(split, **kwargs) for split in SPLITS}
-        except (TypeError, ValueError) as e:
-            raise UserError(f"bad ListOps settings in config.data: {e}") from e
+        splits = {s: listops.load_listops(s, **kwargs) for s in SPLITS}
     else:
-        raise UserError(f"unknown config.data.source={source!r} (valid: generate, tsv)")
-    return splits, listops.VOCAB_SIZE, listops.NUM_CLASSES
+        raise ValueError(f"unknown config.data.source={source!r} (valid: generate, tsv)")
+    return splits, dict(vocab_size=listops.VOCAB_SIZE, num_classes=listops.NUM_CLASSES,
+                        pad_id=listops.PAD_ID)
 
 
-# A dataset that must be downloaded raises UserError saying how to get it when its files are
-# missing (ListOps with source "tsv"); ListOps is generated locally by default.
-DATASETS = {"listops": _load_listops}
+def _text(**kwargs):
+    from experiments.data import text
+
+    return ({s: text.load_text(s, **kwargs) for s in SPLITS},
+            dict(vocab_size=text.VOCAB_SIZE, num_classes=text.NUM_CLASSES, pad_id=text.PAD_ID))
+
+
+def _retrieval(**kwargs):
+    from experiments.data import retrieval
+
+    return ({s: retrieval.load_retrieval(s, **kwargs) for s in SPLITS},
+            dict(vocab_size=retrieval.VOCAB_SIZE, num_classes=retrieval.NUM_CLASSES,
+                 pad_id=retrieval.PAD_ID))
+
+
+def _image(**kwargs):
+    from experiments.data import image
+
+    return ({s: image.load_image(s, **kwargs) for s in SPLITS},
+            dict(vocab_size=256, num_classes=image.NUM_CLASSES, pad_id=None))
+
+
+def _pathfinder(source, data_dir, **kwargs):
+    from experiments.data import pathfinder
+
+    if source == "generate":
+        splits = {s: pathfinder.load_pathfinder(s, **kwargs) for s in SPLITS}
+    elif source == "files":
+        kept = {k: kwargs[k] for k in ("resolution", "val_fraction", "test_fraction", "seed")}
+        splits = {s: pathfinder.load_pathfinder_images(s, data_dir=data_dir, **kept)
+                  for s in SPLITS}
+    else:
+        raise ValueError(f"unknown config.data.source={source!r} (valid: generate, files)")
+    return splits, dict(vocab_size=256, num_classes=pathfinder.NUM_CLASSES, pad_id=None)
+
+
+# name -> loader(**config.data without "name") -> ({split: arrays}, info); a dataset that must
+# be downloaded raises FileNotFoundError saying how to get it, reported as one error line.
+DATASETS = {"listops": _listops, "text": _text, "retrieval": _retrieval, "image": _image,
+            "pathfinder": _pathfinder}
+
+
+def load_dataset(data_config):
+    """``({split: arrays}, info)`` of ``config.data``; info: vocab_size, num_classes, pad_id.
+
+    Raises:
+      UserError: an unknown dataset, bad settings, or data that is not there.
+    """
+    kwargs = data_config.to_dict()
+    name = kwargs.pop("name")
+    if name not in DATASETS:
+        raise UserError(f"unknown dataset config.data.name={name!r} (known: "
+                        f"{', '.join(DATASETS)})")
+    try:
+        return DATASETS[name](**_expand(kwargs, "data_dir", "cache_dir"))
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from e
+    except (TypeError, ValueError) as e:
+        raise UserError(f"bad {name} settings in config.data: {e}") from e
 
 
 class ClassificationTask:
     """The classification task (see the module docstring and experiments/tasks/__init__.py)."""
 
     def __init__(self, config):
-        from lion_jax.models import SequenceClassifier
+        from lion_jax.models import DualEncoderClassifier, SequenceClassifier
 
-        if config.data.name not in DATASETS:
-            raise UserError(f"unknown dataset config.data.name={config.data.name!r} "
-                            f"(known: {', '.join(DATASETS)})")
-        self.splits, vocab_size, num_classes = DATASETS[config.data.name](config.data)
+        self.splits, info = load_dataset(config.data)
         self.eval_splits = tuple(config.eval_splits)
         for split in self.eval_splits:
             if split not in self.splits:
                 raise UserError(f"config.eval_splits has {split!r}; the dataset has "
                                 f"{', '.join(self.splits)}")
+        self.pair = "tokens1" in self.splits["train"]
+        self._inputs_keys = ("tokens1", "tokens2") if self.pair else ("tokens",)
         model_kwargs = config.model.to_dict()
+        pair_mlp_dim = model_kwargs.pop("pair_mlp_dim", None)
         for key in ("dtype", "param_dtype"):
             model_kwargs[key] = jnp.dtype(model_kwargs[key])
+        model_kwargs.update(vocab_size=info["vocab_size"], pad_id=info["pad_id"])
         try:
-            self.model = SequenceClassifier(vocab_size=vocab_size, num_classes=num_classes,
-                                            **model_kwargs)
+            if self.pair:
+                self.model = DualEncoderClassifier(num_classes=info["num_classes"],
+                                                   encoder=model_kwargs, mlp_dim=pair_mlp_dim)
+            else:
+                self.model = SequenceClassifier(num_classes=info["num_classes"], **model_kwargs)
         except (TypeError, ValueError) as e:
-            raise UserError(f"bad config.model: {e}") from e
-        self._seq_len = self.splits["train"]["tokens"].shape[1]
+            key, _, message = str(e).partition(": ") if str(e).startswith("mixer: ") else (
+                "", "", str(e))
+            raise UserError(f"bad config.model{'.' + key if key else ''}: {message}") from e
+        self._seq_len = self.splits["train"][self._inputs_keys[0]].shape[1]
 
     def init(self, rng):
-        tokens = jnp.zeros((1, self._seq_len), jnp.int32)
-        return self.model.init({"params": rng}, tokens, train=False)
+        tokens = [jnp.zeros((1, self._seq_len), jnp.int32)] * len(self._inputs_keys)
+        return self.model.init({"params": rng}, *tokens, train=False)
 
     def loss(self, params, batch, rng, *, train):
-        logits = self.model.apply({"params": params}, batch["tokens"], train=train,
-                                  rngs={"dropout": rng})
+        logits = self.model.apply({"params": params}, *(batch[k] for k in self._inputs_keys),
+                                  train=train, rngs={"dropout": rng})
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
         accuracy = (jnp.argmax(logits, -1) == batch["labels"]).astype(jnp.float32)
         return loss, {"accuracy": accuracy}
@@ -103,4 +164,4 @@ class ClassificationTask:
 
     def _inputs(self, split):
         """The arrays the model and loss read (no `lengths`: the model masks padding itself)."""
-        return {k: self.splits[split][k] for k in ("tokens", "labels")}
+        return {k: self.splits[split][k] for k in (*self._inputs_keys, "labels")}

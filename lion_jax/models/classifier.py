@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 from flax.linen.linear import default_embed_init
 
-from lion_jax.layers.block import ResidualBlock, make_mixer
+from lion_jax.layers.block import MIXERS, ResidualBlock, make_mixer
 from lion_jax.layers.norms import check_norm, make_norm
 
 POOLINGS = ("mean", "cls", "last")
@@ -97,7 +97,12 @@ class SequenceClassifier(nn.Module):
         if reserved:
             raise ValueError(f"set {reserved} on SequenceClassifier, not in mixer")
         check_norm(self.norm)
-        make_mixer(self.mixer_kind, **self._mixer_kwargs())  # fails now on a bad key or value
+        if self.mixer_kind not in MIXERS:
+            raise ValueError(f"unknown mixer_kind {self.mixer_kind!r}; valid: {list(MIXERS)}")
+        try:  # fails now on a bad key or value
+            make_mixer(self.mixer_kind, **self._mixer_kwargs())
+        except ValueError as e:
+            raise ValueError(f"mixer: {e}") from None
         super().__post_init__()
 
     def _mixer_kwargs(self):
