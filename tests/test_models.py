@@ -209,3 +209,20 @@ def test_dual_encoder_shares_weights(rng):
         rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="one shape"):
         model.apply(variables, t1, t2[:, :-1], train=False)
+
+
+def test_one_hot_embed_matches_take(rng):
+    """OneHotEmbed gives nn.Embed's output and gradient (float32 to rounding, exact rows)."""
+    from lion_jax.layers.embed import OneHotEmbed
+
+    ids = jnp.asarray(rng.integers(0, VOCAB, size=(B, L)), jnp.int32)
+    cot = jnp.asarray(rng.normal(size=(B, L, 8)), jnp.float32)
+    one_hot, take = OneHotEmbed(VOCAB, 8), nn.Embed(VOCAB, 8)
+    params = take.init(jax_key(rng), ids)
+    out = lambda m: lambda p: jnp.sum(m.apply(p, ids) * cot)  # noqa: E731
+    np.testing.assert_allclose(one_hot.apply(params, ids), take.apply(params, ids), rtol=1e-6)
+    g1, g2 = jax.grad(out(one_hot))(params), jax.grad(out(take))(params)
+    np.testing.assert_allclose(g1["params"]["embedding"], g2["params"]["embedding"],
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="must be integers"):
+        one_hot.apply(params, ids.astype(jnp.float32))

@@ -8,6 +8,7 @@ from flax.core import FrozenDict
 from flax.linen.linear import default_embed_init
 
 from lion_jax.layers.block import MIXERS, ResidualBlock, make_mixer
+from lion_jax.layers.embed import OneHotEmbed
 from lion_jax.layers.norms import check_norm, make_norm
 
 POOLINGS = ("mean", "cls", "last")
@@ -126,7 +127,7 @@ class SequenceClassifier(nn.Module):
                 nn.initializers.lecun_normal(), (None, "embed")), bias_init=(
                 nn.with_logical_partitioning(nn.initializers.zeros, ("embed",))))(pixels[..., None])
         else:
-            x = nn.Embed(self.vocab_size, D, **dtypes, name="embed", embedding_init=(
+            x = OneHotEmbed(self.vocab_size, D, **dtypes, name="embed", embedding_init=(
                 nn.with_logical_partitioning(default_embed_init, ("vocab", "embed"))))(tokens)
         if self.pos_emb == "learned":
             if L > self.max_len:

@@ -1,0 +1,27 @@
+"""Token embedding for small vocabularies, as a one-hot matrix product."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class OneHotEmbed(nn.Embed):
+    """``nn.Embed`` (same parameter, same output) computed as ``one_hot(ids) @ embedding``.
+
+    ``jnp.take``'s gradient is a scatter-add of every token's cotangent into its row; with a
+    vocabulary of a few dozen ids and 10^5 tokens per batch the atomic adds pile onto the same
+    rows. Measured on one H100 for the LRA ListOps model (batch 50 x 2000 tokens, vocabulary 17,
+    d_model 128, ``python -m experiments.profile_train``): that scatter took 55.8 of 75.3 ms of
+    device time per train step. As a matrix product the gradient is ``one_hot^T @ cotangent``,
+    a GEMM. For vocabularies of up to a few thousand ids the one-hot product costs less than
+    the scatter; use ``nn.Embed`` for large ones.
+    """
+
+    def __call__(self, inputs: jnp.ndarray) -> jnp.ndarray:
+        """``inputs [...]`` integer ids -> ``[..., features]``."""
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            raise ValueError(f"token ids must be integers; got {inputs.dtype}")
+        (embedding,) = self.promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
+        one_hot = jax.nn.one_hot(inputs, self.num_embeddings, dtype=embedding.dtype)
+        return jnp.dot(one_hot, embedding, precision=jax.lax.Precision.HIGHEST
+                       if embedding.dtype == jnp.float32 else None)
