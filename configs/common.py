@@ -59,6 +59,7 @@ def base_config():
     c.best_metric = "val/accuracy"  # higher is better; selects the `best` checkpoint
     c.checkpoint_every = 1000  # also at the last step
     c.keep_checkpoints = 2  # periodic checkpoints kept besides the best one
+    c.max_run_seconds = 0.0  # stop at the first checkpoint after this long (resume later); 0: off
     c.progress_bar = True
 
     # Devices: mesh axis sizes (-1 fills the remaining devices) and flax logical-axis rules.

@@ -26,7 +26,6 @@ import tempfile
 import time
 
 import jax
-import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 

@@ -17,9 +17,11 @@ the last step), in this order: train metrics averaged since the last log are wri
 ``eval_splits`` are evaluated (EMA parameters when enabled) and the best checkpoint is
 replaced when ``best_metric`` improved; a periodic checkpoint is saved. The host reads each
 step's loss one step late (so the device never waits) and stops at the first NaN/Inf loss or
-gradient norm, before that state could be saved. Resuming restores state, data position and
-the best-so-far record: a resumed run computes exactly what the uninterrupted run computes
-(the train-metric averages match when ``checkpoint_every`` is a multiple of ``log_every``).
+gradient norm, before that state could be saved. With ``max_run_seconds`` set, the run stops at
+the first checkpoint after that much wall time (a segment of a long run on a machine lent for
+minutes). Resuming restores state, data position and the best-so-far record: a resumed run
+computes exactly what the uninterrupted run computes (the train-metric averages match when
+``checkpoint_every`` is a multiple of ``log_every``).
 """
 
 import os
@@ -284,6 +286,12 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
                         checkpointer.save(step, state, _meta(train_batches, record), best=True)
                 if do_save:
                     checkpointer.save(step, state, _meta(train_batches, record))
+                    if (config.max_run_seconds and not last
+                            and time.time() - start_time > config.max_run_seconds):
+                        echo(f"Stopping at step {step} of {total_steps}: this run has reached "
+                             f"config.max_run_seconds={config.max_run_seconds}; run the same "
+                             "command again to resume from this checkpoint")
+                        break
                 if do_log:  # the next window's rate excludes this step's eval and save
                     window_start = time.time()
         finally:

@@ -194,6 +194,22 @@ def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path):
     assert os.listdir(os.path.join(killed, "best")) == [str(expected["best"]["step"])]
 
 
+def test_max_run_seconds_stops_at_a_checkpoint_and_resumes(tmp_path):
+    """Segments: each run stops at its first checkpoint past the time limit (here at once), and
+    the segments together compute what one run computes."""
+    overrides = {"num_train_steps": 6, "checkpoint_every": 2, "eval_every": 2}
+    straight, segmented = str(tmp_path / "straight"), str(tmp_path / "segmented")
+    expected = train_and_evaluate(toy_config(**overrides), straight, task=ToyTask())
+    for stop in (2, 4):
+        train_and_evaluate(toy_config(max_run_seconds=1e-9, **overrides), segmented,
+                           task=ToyTask())
+        assert sorted(os.listdir(os.path.join(segmented, "checkpoints")))[-1] == str(stop)
+    resumed = train_and_evaluate(toy_config(max_run_seconds=1e-9, **overrides), segmented,
+                                 task=ToyTask())
+    assert records(segmented) == records(straight)
+    assert resumed["final"] == expected["final"]
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     workdir = str(tmp_path / "nan")
     config = toy_config(num_train_steps=6, checkpoint_every=2)
