@@ -149,3 +149,43 @@ def apply_lra_variant(c, variant):
         if variant not in ("lit", "d"):
             c.label = f"LION-S {variant}"
     return c
+
+
+def lra_training(c, *, train_size, batch_size, epochs, weight_decay, warmup_epochs=1,
+                 eval_batch_size=None):
+    """The LRA schedule of paper D.2 with S5's sizes: AdamW at 5e-4, cosine decay after
+    ``warmup_epochs`` of linear warmup, ``epochs`` over ``train_size`` examples in batches of
+    ``batch_size``; evaluation and a checkpoint every epoch."""
+    steps_per_epoch = train_size // batch_size
+    c.batch_size = batch_size
+    c.eval_batch_size = eval_batch_size or 4 * batch_size
+    c.num_train_steps = epochs * steps_per_epoch
+    c.optim.learning_rate = 5e-4
+    c.optim.schedule = "cosine"
+    c.optim.warmup_steps = warmup_epochs * steps_per_epoch
+    c.optim.weight_decay = weight_decay
+    c.log_every = 100
+    c.eval_every = steps_per_epoch
+    c.checkpoint_every = steps_per_epoch
+    return c
+
+
+def lra_tiny(c):
+    """The ``tiny`` variant of an LRA config: a 1-layer width-16 model, 4 steps of 8 examples,
+    evaluation and a checkpoint every 2 steps (seconds on a CPU; the data is the config's, made
+    small by the config)."""
+    c.model.update(d_model=16, num_layers=1, num_heads=2, mlp_dim=32, dtype="float32")
+    c.model.mixer.chunk_size = 8
+    c.batch_size = c.eval_batch_size = 8
+    c.num_train_steps = 4
+    c.optim.warmup_steps = 1
+    c.log_every = c.eval_every = c.checkpoint_every = 2
+    c.progress_bar = False
+    return c
+
+
+def lra_variant(c, variant):
+    """``tiny`` or one of :data:`LRA_VARIANTS` applied to ``c``; the default (None) keeps it."""
+    if variant == "tiny":
+        return lra_tiny(c)
+    return apply_lra_variant(c, variant)

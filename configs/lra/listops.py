@@ -32,8 +32,7 @@ VARIANTS = {
 }
 
 TRAIN_SIZE = 96_000
-BATCH_SIZE = 50
-STEPS_PER_EPOCH = TRAIN_SIZE // BATCH_SIZE  # 1920
+BATCH_SIZE = 50  # 1920 steps per epoch
 
 
 def get_config(arg=None):
@@ -46,16 +45,8 @@ def get_config(arg=None):
         min_length=500, max_length=2000, max_depth=10, max_args=10))
     c.model = common.lra_model(d_model=128, num_layers=8, max_len=2000)
 
-    c.batch_size = BATCH_SIZE
-    c.eval_batch_size = 200
-    c.num_train_steps = 40 * STEPS_PER_EPOCH
-    c.optim.learning_rate = 5e-4
-    c.optim.schedule = "cosine"
-    c.optim.warmup_steps = STEPS_PER_EPOCH
-    c.optim.weight_decay = 0.04
-    c.log_every = 100
-    c.eval_every = STEPS_PER_EPOCH
-    c.checkpoint_every = STEPS_PER_EPOCH
+    common.lra_training(c, train_size=TRAIN_SIZE, batch_size=BATCH_SIZE, epochs=40,
+                        weight_decay=0.04, eval_batch_size=200)
 
     if variant == "quick":
         c.data.update(num_train=20_000, num_val=1000, num_test=1000, min_length=16,
@@ -74,19 +65,9 @@ def get_config(arg=None):
         c.log_every = 50
         c.eval_every = 400
         c.checkpoint_every = 400
-    elif variant == "tiny":
-        c.data.update(num_train=256, num_val=64, num_test=64, min_length=8, max_length=32)
-        c.model.update(d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=32,
-                       dtype="float32")
-        c.model.mixer.chunk_size = 8
-        c.batch_size = 16
-        c.eval_batch_size = 16
-        c.num_train_steps = 4
-        c.optim.warmup_steps = 1
-        c.log_every = 2
-        c.eval_every = 2
-        c.checkpoint_every = 2
-        c.progress_bar = False
     else:
-        common.apply_lra_variant(c, variant)
+        if variant == "tiny":
+            c.data.update(num_train=256, num_val=64, num_test=64, min_length=8, max_length=32)
+            c.model.max_len = 32
+        common.lra_variant(c, variant)
     return c

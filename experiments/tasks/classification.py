@@ -73,6 +73,7 @@ def _pathfinder(source, data_dir, **kwargs):
     from experiments.data import pathfinder
 
     if source == "generate":
+        kwargs["num_workers"] = kwargs.get("num_workers") or None  # 0: one per CPU
         splits = {s: pathfinder.load_pathfinder(s, **kwargs) for s in SPLITS}
     elif source == "files":
         kept = {k: kwargs[k] for k in ("resolution", "val_fraction", "test_fraction", "seed")}
