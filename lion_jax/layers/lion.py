@@ -8,7 +8,7 @@ sequence, bidirectional mask ``M_ij = exp(-|A_i - A_j|)`` (causal: ``exp(A_i - A
 scores ``s_ij = phi(q_i) . phi(k_j)``.
 """
 
-from typing import Any, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
