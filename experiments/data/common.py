@@ -1,5 +1,6 @@
-"""Helpers shared by the LRA loaders of downloaded data (`text.py`, `retrieval.py`, `image.py`):
-argument checks, the tfds reader, the seeded held-out split and the npz cache."""
+"""Helpers shared by the LRA data loaders: argument checks, the tfds reader, the seeded held-out
+split and the npz cache of the downloaded datasets (`text.py`, `retrieval.py`, `image.py`), and
+the atomic npz writer every cache uses (`listops.py` and `pathfinder.py` too)."""
 
 import hashlib
 import json
@@ -103,15 +104,22 @@ def cached(cache_dir, name, key, build):
         os.makedirs(cache_dir, exist_ok=True)
         print(f"Building {name} ({key}) into {path} ...", flush=True)
         start = time.perf_counter()
-        arrays = build()
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{name}_", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez_compressed(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_npz(path, build())
         print(f"Built {name} in {time.perf_counter() - start:.1f} s", flush=True)
     with np.load(path) as f:
         return {k: f[k] for k in f.files}
+
+
+def write_npz(path, arrays, *, compressed=True):
+    """Writes ``{name: array}`` to the npz file ``path`` atomically (a temporary file in the same
+    directory, renamed), so a reader never sees a partial file; creates the directory."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".npz_", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            (np.savez_compressed if compressed else np.savez)(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -53,10 +53,11 @@ import argparse
 import hashlib
 import json
 import os
-import tempfile
 import time
 
 import numpy as np
+
+from experiments.data import common
 
 PAD_ID = 0
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -281,14 +282,7 @@ def _write_cache(path, data, params):
         arrays[f"{split}_flat_tokens"] = d["tokens"][valid]
         arrays[f"{split}_lengths"] = d["lengths"]
         arrays[f"{split}_labels"] = d["labels"]
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".listops_", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    common.write_npz(path, arrays)
 
 
 def _pad(flat, lengths, max_length):

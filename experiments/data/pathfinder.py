@@ -94,11 +94,12 @@ import json
 import math
 import multiprocessing
 import os
-import tempfile
 import time
 from typing import NamedTuple
 
 import numpy as np
+
+from experiments.data import common
 
 NUM_CLASSES = 2
 SPLITS = ("train", "val", "test")
@@ -762,19 +763,6 @@ def cache_path(cache_dir, *, resolution, num_examples, seed):
     return os.path.join(os.path.expanduser(cache_dir), f"pathfinder{resolution}_{digest}.npz")
 
 
-def _write_npz(path, **arrays):
-    """Writes an (uncompressed) npz atomically: a temp file in the same directory, renamed."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".pathfinder_", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _read_split(path, start, stop, order=None):
     """dict(tokens, labels) of examples start:stop (of `order` when given) of a cache file."""
     with np.load(path) as f:
@@ -816,7 +804,7 @@ def load_pathfinder(split, *, resolution=32, num_examples=200_000, val_fraction=
         begin = time.perf_counter()
         tokens, labels = generate_pathfinder(resolution=resolution, num_examples=num_examples,
                                              seed=seed, num_workers=num_workers)
-        _write_npz(path, tokens=tokens, labels=labels)
+        common.write_npz(path, dict(tokens=tokens, labels=labels), compressed=False)
         print(f"Generated {name} in {time.perf_counter() - begin:.1f} s", flush=True)
     return _read_split(path, start, stop)
 
@@ -909,7 +897,7 @@ def load_pathfinder_images(split, *, data_dir, resolution=32,
         print(f"Decoding {len(samples)} Pathfinder images of {root} into {path} ...", flush=True)
         begin = time.perf_counter()
         tokens, labels = _decode_images(root, samples, resolution)
-        _write_npz(path, tokens=tokens, labels=labels)
+        common.write_npz(path, dict(tokens=tokens, labels=labels), compressed=False)
         print(f"Decoded in {time.perf_counter() - begin:.1f} s", flush=True)
     with np.load(path) as f:
         n = f["labels"].size
