@@ -25,7 +25,7 @@ setup(
         "tqdm>=4.66",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "pillow>=10"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "pillow>=10", "matplotlib>=3.8"],
         "data": ["tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16", "pillow>=10"],
         "gpu": ["jax[cuda13]>=0.11.2", "matplotlib>=3.8", "torch>=2.5", "fla-core>=0.6.0"],
         "notebooks": ["jupyter", "matplotlib>=3.8"],
