@@ -25,7 +25,7 @@ import ml_collections
 from configs import common
 
 VARIANTS = {
-    "quick": "CPU smoke run (~4 min on 2 cores): 20k short expressions (lengths 17-63), "
+    "quick": "CPU smoke run (~2 min on 2 cores): 20k short expressions (lengths 17-63), "
              "2-layer width-64 LION-S (scalar decay) with CLS pooling, 1200 steps",
     "tiny": "seconds-long run for tests: 256 examples, 1-layer width-16 model, 4 steps",
     **common.LRA_VARIANTS,
