@@ -64,7 +64,7 @@ def pad_state(state, kp, vp):
 
 # Shared memory a scan program may take by :func:`fit_layout`'s estimate (the ``[C, Kp]`` q and k
 # tiles and the ``[Kp, BV]`` states; Triton adds pipelining buffers and the rest). H100, 227 KiB
-# per program (session 14, docs/benchmarks.md): every layout estimated at <= 160 KiB compiled
+# per program (2026-11-24 H100, docs/benchmarks.md): every layout estimated at <= 160 KiB compiled
 # (float32 Kp = 256 C = 64 scans, 128 KiB; Kp = 512 C = 16, 160 KiB), every one at >= 192 KiB
 # asked for more than the GPU has (float32 Kp = 512 C = 32: 271 KB; LION's fused forward at
 # float32 Kp = 256 C = 64: 295 KB; bf16 Kp = 512 C = 64: 283 KB).

@@ -32,7 +32,7 @@ summed over the tokens its decay spans, in float32).
 Normalised LION's scan backwards (head dims above the fused kernels', and
 ``algorithm="sequential"``) take dq from float32 scans (``_normalised_dq``), and the sequential
 one recomputes y and den by float32 scans: dq cancels, and 16-bit operands had left it at up to
-7.7e-3 (bf16, interpret mode) and 1.8e-2 (head dim 256, H100; session 13).
+7.7e-3 (bf16, interpret mode) and 1.8e-2 (head dim 256, H100; the 2026-11-24 H100 run).
 
 Two algorithms. ``"two_pass"`` (the default): a states kernel walks the chunks (one small
 matmul per step, ``two_pass.py``), then every chunk is a program of its own; the causal forward
@@ -321,7 +321,7 @@ def _normalised_cotangents(dy, y, den, eps, v):
     ``v_in = [v | 1]`` carry dden through the dq and dk scans as one more feature column, two
     for 16-bit v (dden in two 16-bit parts, ``bidirectional.two_parts``, against two ones
     columns: bf16, L = 100, log-decay ~ U[-20, 0], dq's relative RMS error was 2.4e-2 with one
-    part, docs/benchmarks.md session 10)."""
+    part, docs/benchmarks.md, the 2026-11-22 H100 run)."""
     dnum = (dy.astype(jnp.float32) / (den + eps)[..., None]).astype(v.dtype)
     dden = -_dot_last(dnum, y)
     parts = (dden,) if v.dtype == jnp.float32 else two_parts(dden, v.dtype)
@@ -344,7 +344,7 @@ def _normalised_dq(q, k, v, g, cfg, dy, y, den, eps):
     The two terms cancel (the weights' cotangent has zero mean under the weights), so 16-bit
     operands, whose rounding the terms do not share, set dq's error: bf16, L = 100, log-decay
     ~ U[-20, 0], dq was up to 7.7e-3 (sequential) and 5.5e-3 (V > 128) with the weights'
-    cotangent and the states rounded to bf16; float32 scans take it to ~1e-6 (session 13,
+    cotangent and the states rounded to bf16; float32 scans take it to ~1e-6 (2026-11-24 H100,
     docs/benchmarks.md). These paths are for head dims above the fused kernels' and
     ``algorithm="sequential"``, not for speed; float32 operands take the Triton walks."""
     f32 = jnp.float32
@@ -589,7 +589,7 @@ def centred_values(v):
     through the mean, and their 16-bit rounding enters the cancelling sums. Centred values
     keep the states and both terms of G small (bf16, no decay, v = |N(0, 1)|, H100: dq's
     relative RMS error was 1.5e-2 / 7.6e-2 / 1.6e-1 at L = 100 / 1K / 4K uncentred,
-    docs/benchmarks.md session 10). m on that grid matters: ``v - mean`` rounded to bf16 errs
+    docs/benchmarks.md, 2026-11-22 H100). m on that grid matters: ``v - mean`` rounded to bf16 errs
     by nearly the same amount for every token of a binade, an error the weighted average does
     not shrink (bf16 N(0, 1) values, L = 100: y's relative RMS error 1.7e-3 -> 5.7e-3)."""
     v32 = v.astype(jnp.float32)

@@ -25,7 +25,7 @@ with; the denominator's row sums are computed while those wgmmas run. y (and its
 den go out by TMA from two steps' worth of output buffers, each step's copies overlapping the
 next step.
 
-Measured on an H100 (B4 H16 bf16, docs/benchmarks.md session 15): LION forward 1.88 -> 1.52 ms
+Measured on an H100 (B4 H16 bf16, docs/benchmarks.md, 2026-11-25): LION forward 1.88 -> 1.52 ms
 at D = 64, L = 32K against the Triton output kernel, within 1 % of it at D = 128.
 """
 

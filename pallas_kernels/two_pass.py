@@ -46,7 +46,7 @@ STATES_WARPS = 4
 # on an H100 at D = 64 and 128 (0.97 vs 1.41 ms for the causal backward at D = 64, L = 16K)
 # and on an H200 (D = 128: causal 1.16 vs 2.08 ms, LION dk, dv 1.39 vs 1.93; num_stages 1-3
 # within 0.3%: one program per chunk has no loop to pipeline; `python -m
-# experiments.profile_kernels --settings`, docs/benchmarks.md session 8).
+# experiments.profile_kernels --settings`, docs/benchmarks.md, the 2026-11-22 H200 run).
 BACKWARD_WARPS = 4
 # The V-block of every states walk (forward and backward passes; the output kernels may take
 # wider V-blocks of the same states): at D = 128 a 128 x 64 state walked faster than 128 x 128
@@ -56,7 +56,7 @@ WALK_BLOCK_V = 64
 # (float32 tiles take twice the bytes: they and larger head dims keep 64). One H200, B4 H16,
 # L = 16K, D = 128, bf16, states kept, 4 warps: causal forward 1.072 ms with V-blocks of 64,
 # 0.872 with 128 (0.971 with 8 warps); LION forward 2.209 / 1.704 (2.144). Kernel times
-# alone (H200, profile_kernels --settings, session 8): causal 0.675 / 0.503 ms, LION 1.42 /
+# alone (H200, profile_kernels --settings, 2026-11-22): causal 0.675 / 0.503 ms, LION 1.42 /
 # 1.01 ms; 8 warps 0.58 and 1.43 ms.
 OUTPUT_BLOCK_V = 128
 

@@ -5,7 +5,7 @@ meshes on a CPU-only machine; single-device tests simply use the first device.
 
 JAX's compiled executables are dropped after every test module: without that, the whole suite
 in one process (CI) crashed inside XLA's CPU compiler (SIGABRT, then SIGSEGV) about 430 tests
-in, at the same test each time, while that test's file alone passed (session 14).
+in, at the same test each time, while that test's file alone passed (CPU CI, 2026-11-24).
 """
 
 import os

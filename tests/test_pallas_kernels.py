@@ -24,7 +24,7 @@ TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5
 # d log_decay: every path sums each pair's term over the tokens its decay spans (the fused
 # kernels: chunk_scan.crossing_sums; the scan paths and per-feature decay: pair_sums.py, per
 # key feature for the latter) and meets TOL: no reverse cumsum over L of q.dq - k.dk, whose
-# O(1) terms cancel (per feature, bf16: 5.9e-3 that way, 3.6e-7 now; session 13).
+# O(1) terms cancel (per feature, bf16: 5.9e-3 that way, 3.6e-7 now; the 2026-11-24 H100 run).
 # Normalised LION's dq, dk in bf16 are sums that cancel (the weights' cotangent has zero mean
 # under the weights): the kernels take the weights and their cotangent G * M in two 16-bit
 # parts (bidirectional.two_parts), which brought dq from up to 5.4e-3 to at most 3.5e-3
@@ -207,10 +207,10 @@ def test_half_precision(rng, dtype, op, K, V):
 
 
 # bf16 under no and strong decay, on every backward path. LION takes positive q, k (feature maps)
-# and zero-mean v. Every path meets TOL since session 13: per-feature d log_decay from pair
+# and zero-mean v. Every path meets TOL since 2026-11-24 (H100): per-feature d log_decay from pair
 # sums (was up to 5.9e-3), and LION's scan backwards take dq from float32 scans with y
 # recomputed in float32 for the sequential algorithm (dq was up to 7.7e-3 sequential, 5.5e-3
-# for V > 128; now <= 1.9e-3 over 10 seeds, docs/benchmarks.md session 13).
+# for V > 128; now <= 1.9e-3 over 10 seeds, docs/benchmarks.md, the 2026-11-24 H100 run).
 HALF_DECAY_CASES = [  # op, K, V, algorithm, decay
     ("causal", 32, 16, None, "zero"),
     ("causal", 32, 16, None, "strong"),
@@ -240,7 +240,7 @@ def test_half_precision_decays(rng, op, K, V, algorithm, decay):
 # kernels take v - m, linear_attention.centred_values). Uncentred (the default), the 16-bit
 # states' rounding enters the cancelling sums of dq (interpret mode, L = 100: dq 4.2e-2,
 # d log_decay 9.6e-3 on the fused path; on an H100 dq 7.6e-2 at L = 1K, 1.6e-1 at 4K;
-# docs/benchmarks.md sessions 10 and 11).
+# docs/benchmarks.md, the 2026-11-22 H100 and 2026-11-22 H200 runs).
 OFFSET_VALUE_CASES = [  # K, V, algorithm, L
     (32, 16, None, 300),
     (16, 144, None, 100),  # V > 128: three fused scans
