@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+import flax.linen as nn
 import jax
 from absl import app, flags
 from ml_collections import config_flags
@@ -135,8 +136,7 @@ def main(argv):
     tx, schedule = optim.make_optimizer(config.optim, config.num_train_steps)
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     data_sharding = sharding.batch_sharding(mesh)
-    params = jax.jit(lambda r: __import__("flax").linen.meta.unbox(task.init(r))["params"])(
-        jax.random.PRNGKey(0))
+    params = jax.jit(lambda r: nn.meta.unbox(task.init(r))["params"])(jax.random.PRNGKey(0))
     state = trainer.TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
                                opt_state=tx.init(params), ema_params=None,
                                rng=jax.random.PRNGKey(1))

@@ -3,7 +3,7 @@
 Run:  python -m experiments.train --config configs/lra/pathfinder.py[:variant] [--workdir DIR]
 
 Data (experiments/data/pathfinder.py): LRA's ``curv_contour_length_14`` set generated locally
-(200k images, 160k / 20k / 20k as S5 splits it, labels balanced; about 10 s on 16 cores, cached
+(200k images, 160k / 20k / 20k as S5 splits it, labels balanced; 73 s on 2 CPU cores, cached
 in ``config.data.cache_dir``); ``--config.data.source=files --config.data.data_dir=DIR`` reads
 LRA's released ``pathfinder32`` folder instead.
 

@@ -13,8 +13,9 @@ class OneHotEmbed(nn.Embed):
     rows. Measured on one H100 for the LRA ListOps model (batch 50 x 2000 tokens, vocabulary 17,
     d_model 128, ``python -m experiments.profile_train``): that scatter took 55.8 of 75.3 ms of
     device time per train step. As a matrix product the gradient is ``one_hot^T @ cotangent``,
-    a GEMM. For vocabularies of up to a few thousand ids the one-hot product costs less than
-    the scatter; use ``nn.Embed`` for large ones.
+    a GEMM (19.9 ms per whole train step after the change, same device and command). It costs
+    ``O(tokens x vocabulary x features)``: meant for the small vocabularies of LRA (17 to 258
+    ids); large vocabularies want ``nn.Embed``.
     """
 
     def __call__(self, inputs: jnp.ndarray) -> jnp.ndarray:

@@ -23,8 +23,10 @@ class SoftmaxAttention(nn.Module):
     Attributes:
       num_heads: ``H``. head_dim: ``K``, the query, key and value width per head.
       causal: causal mask.
-      impl: ``"auto"`` (cuDNN flash attention where JAX supports the call, else XLA),
-        ``"xla"`` or ``"cudnn"`` (``jax.nn.dot_product_attention``'s ``implementation``).
+      impl: ``"xla"`` or ``"cudnn"`` (``jax.nn.dot_product_attention``'s ``implementation``;
+        its own default, None, is XLA in jax 0.11), or ``"auto"``: cuDNN's flash attention on
+        a GPU for 16-bit inputs with a head dim that is a multiple of 8 up to 128 (what its
+        kernel takes), XLA otherwise.
       dtype, param_dtype: compute and parameter dtypes.
     """
 
@@ -45,6 +47,14 @@ class SoftmaxAttention(nn.Module):
                 raise ValueError(f"{name} must be positive, got {value}")
         super().__post_init__()
 
+    def _implementation(self, q):
+        """The ``implementation`` for ``jax.nn.dot_product_attention`` (see ``impl``)."""
+        if self.impl != "auto":
+            return self.impl
+        cudnn_ok = (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+                    and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128)
+        return "cudnn" if cudnn_ok else "xla"
+
     def _dense(self, features, names, name):
         return nn.Dense(features, dtype=self.dtype, param_dtype=self.param_dtype,
                         kernel_init=nn.with_logical_partitioning(
@@ -63,6 +73,5 @@ class SoftmaxAttention(nn.Module):
         lengths = None if mask is None else jnp.sum(mask, axis=1, dtype=jnp.int32)
         y = jax.nn.dot_product_attention(
             q, k, v, is_causal=self.causal, query_seq_lengths=lengths,
-            key_value_seq_lengths=lengths,
-            implementation=None if self.impl == "auto" else self.impl)
+            key_value_seq_lengths=lengths, implementation=self._implementation(q))
         return self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * K))
