@@ -66,14 +66,20 @@ def task_name(config):
 
 
 def model_name(config):
-    """``config["label"]`` when set, else "Transformer" or "LION-" + the mixer variant."""
+    """``config["label"]`` when set, else "Transformer" or "LION-" + the mixer variant, with
+    " scalar_decay" (the config variant's name) for a LION-S whose decay is one per head
+    (Table 6 [3]; the paper's LRA LION-S has one per value feature)."""
     if config.get("label"):
         return config["label"]
     model = config["model"]
     if model.get("mixer_kind", "lion") == "softmax":
         return "Transformer"
-    variant = model.get("mixer", {}).get("variant", "s")
-    return "LION-" + VARIANT_NAMES.get(variant, variant.upper())
+    mixer = model.get("mixer", {})
+    variant = mixer.get("variant", "s")
+    name = "LION-" + VARIANT_NAMES.get(variant, variant.upper())
+    if variant == "s" and mixer.get("decay_shape") == "scalar":
+        name += " scalar_decay"
+    return name
 
 
 def read_records(path):

@@ -19,6 +19,11 @@ CONFIGS = [("lit", "scalar"), ("d", "scalar"), ("retnet", "scalar"), ("s", "scal
            ("grfa", "scalar"), ("xlstm", "scalar"), ("d", "vector"), ("s", "vector"),
            ("grfa", "vector"), ("xlstm", "vector")]
 CONFIG_IDS = [f"{v}-{s}" for v, s in CONFIGS]
+# vector decay (a decay per value feature, paper C.7) is bidirectional only
+CAUSAL_CONFIGS = [(v, s) for v, s in CONFIGS if s == "scalar"]
+BOTH_DIRECTIONS = ([(v, s, False) for v, s in CONFIGS]
+                   + [(v, s, True) for v, s in CAUSAL_CONFIGS])
+BOTH_IDS = [f"{v}-{s}-{'causal' if c else 'bidirectional'}" for v, s, c in BOTH_DIRECTIONS]
 # decays from 0.5 (strong) to 0.996 (weak) across heads / channels
 STRONG_AND_WEAK = (1.0, 8.0)
 
@@ -57,8 +62,7 @@ def mixer_inputs(layer, params, x, mask=None):
 # impl="attention" (the cheapest eagerly); the impls are shown equal here.
 
 
-@pytest.mark.parametrize("variant,decay_shape", CONFIGS, ids=CONFIG_IDS)
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("variant,decay_shape,causal", BOTH_DIRECTIONS, ids=BOTH_IDS)
 def test_impls_agree(rng, variant, decay_shape, causal):
     """float32 outputs of the recurrent and chunk forms match the attention form to 1e-5."""
     x = normal(rng, B, L, D)
@@ -80,9 +84,10 @@ def output_and_grads(layer, params, x, cotangent):
     return np.asarray(y), [np.asarray(g) for g in jax.tree.leaves(nn.unbox(grads))]
 
 
-# gate parameters with max(den, 1); causal vector decay with a vector key scale (the ops' own
-# gradients are tested in tests/test_ops.py)
-GRAD_CONFIGS = [("xlstm", "scalar", False), ("grfa", "vector", True)]
+# gate parameters with max(den, 1); vector decay with a vector key scale (numerator and
+# denominator from one op call); causal selective decay (the ops' own gradients are tested in
+# tests/test_ops.py)
+GRAD_CONFIGS = [("xlstm", "scalar", False), ("grfa", "vector", False), ("s", "scalar", True)]
 
 
 @pytest.mark.parametrize("variant,decay_shape,causal", GRAD_CONFIGS,
@@ -150,8 +155,8 @@ def test_vector_decay_matches_eq_136(rng, variant):
     assert rel_err(y, output_projection(params, expected)) < 1e-5
 
 
-@pytest.mark.parametrize("decay_shape", ["scalar", "vector"])
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("decay_shape,causal", [("scalar", False), ("vector", False),
+                                                ("scalar", True)])
 def test_xlstm_matches_max_den_formula(rng, decay_shape, causal):
     """``y_i = sum_j s_ij M_ij v_j / max(sum_j s_ij M_ij, 1)``, ``s_ij = q_i . (i_j k_j)``."""
     b, l = 2, 9
@@ -207,8 +212,7 @@ def test_fixed_decay_is_per_head_power(rng):
 # --- padding and causality ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant,decay_shape", CONFIGS, ids=CONFIG_IDS)
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("variant,decay_shape,causal", BOTH_DIRECTIONS, ids=BOTH_IDS)
 def test_padding_is_invisible(rng, variant, decay_shape, causal):
     """Pads with arbitrary content, inserted inside and appended, leave real outputs unchanged."""
     x = normal(rng, B, L, D)
@@ -228,7 +232,8 @@ def test_padding_is_invisible(rng, variant, decay_shape, causal):
     assert rel_err(y_padded[:, real], y) < 1e-5
 
 
-@pytest.mark.parametrize("variant,decay_shape", CONFIGS, ids=CONFIG_IDS)
+@pytest.mark.parametrize("variant,decay_shape", CAUSAL_CONFIGS,
+                         ids=[f"{v}-{s}" for v, s in CAUSAL_CONFIGS])
 def test_causal_ignores_the_future(rng, variant, decay_shape):
     x = normal(rng, B, L, D)
     layer = make_layer(variant, decay_shape, causal=True, impl="attention")
@@ -264,6 +269,7 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     (dict(variant="mamba"), "unknown variant"),
     (dict(decay_shape="matrix"), "unknown decay_shape"),
     (dict(variant="lit", decay_shape="vector"), "needs a decay"),
+    (dict(decay_shape="vector", causal=True), "bidirectional only"),
     (dict(impl="bogus"), "unknown impl 'bogus'"),
     (dict(decay_init="random"), "unknown decay_init"),
     (dict(decay_activation="exp"), "unknown decay_activation"),

@@ -199,6 +199,9 @@ def test_best_eval_takes_the_earliest_of_equal_val():
     ({"mixer": {"variant": "retnet"}}, "LION-RETNET"),
     ({"mixer": {"variant": "xlstm"}}, "LION-XLSTM"),
     ({"mixer_kind": "softmax"}, "Transformer"),
+    ({"mixer": {"variant": "s", "decay_shape": "vector"}}, "LION-S"),
+    ({"mixer": {"variant": "s", "decay_shape": "scalar"}}, "LION-S scalar_decay"),
+    ({"mixer": {"variant": "d", "decay_shape": "scalar"}}, "LION-D"),
 ])
 def test_model_names(model, name):
     assert lb.model_name({"model": model, "label": ""}) == name

@@ -35,15 +35,14 @@ def make_inputs(rng, *, decay, normalize, dtype, B=2, L=None, H=2, K=6, V=5):
     else:
         q, k = (rng.normal(size=(B, L, H, K)) for _ in range(2))
     v = rng.normal(size=(B, L, H, V))
-    shape = (B, L, H, K) if decay.startswith("feature") else (B, L, H)
+    # "feature_*": per key feature (causal); "value_*": per value feature (LION, paper C.7)
+    shape = {"feature": (B, L, H, K), "value": (B, L, H, V)}.get(decay.split("_")[0], (B, L, H))
     log_decay = {
         "none": None,
         "zero": np.zeros(shape),
         "moderate": -rng.uniform(0.0, 1.0, size=shape),
         "strong": -rng.uniform(0.0, 20.0, size=shape),
-        "feature_moderate": -rng.uniform(0.0, 1.0, size=shape),
-        "feature_strong": -rng.uniform(0.0, 20.0, size=shape),
-    }[decay]
+    }[decay.split("_")[-1]]
     cot = rng.normal(size=(B, L, H, V))
     cast = lambda x: None if x is None else jnp.asarray(x, dtype)  # noqa: E731
     return cast(q), cast(k), cast(v), cast(log_decay), cast(cot)
@@ -82,7 +81,7 @@ def check_against_reference(inputs, dtype, **kwargs):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("normalize", [True, False])
-@pytest.mark.parametrize("decay", DECAYS)
+@pytest.mark.parametrize("decay", DECAYS + ("value_moderate", "value_strong"))
 @pytest.mark.parametrize("impl", ["recurrent", "chunk"])
 def test_lion_attention_matches_reference(rng, impl, decay, normalize, dtype):
     with jax.enable_x64(dtype == np.float64):
@@ -118,6 +117,23 @@ def test_reference_is_the_papers_formula(rng):
         causal = (qn @ kn.T) * np.tril(M) @ vn
         got = ops.causal_linear_attention(q, k, v, a, impl="attention")[0, :, 0]
         assert rel_err(got, causal) <= 1e-12
+
+
+def test_value_decay_is_eq_136(rng):
+    """A per-value-feature decay: ``y_iv = sum_j s_ij M_ijv v_jv / (sum_j s_ij M_ijv + eps)``
+    with ``M_ijv`` the product of the decays of value feature v between i and j (paper C.7)."""
+    with jax.enable_x64(True):
+        q, k, v, a, _ = make_inputs(rng, decay="value_moderate", normalize=True,
+                                    dtype=np.float64, B=1, H=1, L=8, K=3, V=4)
+        qn, kn, vn, an = (np.asarray(x)[0, :, 0] for x in (q, k, v, a))  # an: [L, V]
+        L, V = vn.shape
+        M = np.array([[np.exp(an[min(i, j) + 1:max(i, j) + 1].sum(0)) for j in range(L)]
+                      for i in range(L)])  # [i, j, V]
+        scores = (qn @ kn.T)[..., None] * M
+        expected = np.einsum("ijv,jv->iv", scores, vn) / (scores.sum(1) + 1e-6)
+        for impl in ("attention", "recurrent", "chunk"):
+            got = ops.lion_attention(q, k, v, a, impl=impl, chunk_size=3)[0, :, 0]
+            assert rel_err(got, expected) <= 1e-12, impl
 
 
 def test_observation_3_1_naive_sum_is_not_attention(rng):
@@ -197,11 +213,12 @@ def test_step_decoding_matches_sequence(rng, decay, normalize):
         assert rel_err(jnp.concatenate(ys, axis=1), full) <= 1e-10
 
 
-@pytest.mark.parametrize("op", ["lion", "causal"])
+@pytest.mark.parametrize("op", ["lion", "lion_value_decay", "causal"])
 def test_bf16_inputs(rng, op):
     """bf16 inputs: float32 accumulation, bf16 output within 5e-3 relative RMS of float32."""
-    q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=jnp.bfloat16, L=301)
-    fn = ops.lion_attention if op == "lion" else ops.causal_linear_attention
+    decay = "value_moderate" if op == "lion_value_decay" else "moderate"
+    q, k, v, a, _ = make_inputs(rng, decay=decay, normalize=True, dtype=jnp.bfloat16, L=301)
+    fn = ops.causal_linear_attention if op == "causal" else ops.lion_attention
     ref = fn(*(x.astype(jnp.float32) for x in (q, k, v, a)), impl="attention")
     for impl in ("attention", "recurrent", "chunk"):
         out = fn(q, k, v, a, impl=impl)
@@ -215,10 +232,12 @@ def test_edge_lengths(rng):
         for L, chunk in ((1, 16), (5, 1), (7, 64)):
             q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float64,
                                         L=L)
-            for fn in (ops.lion_attention, ops.causal_linear_attention):
-                ref = fn(q, k, v, a, impl="attention")
+            a_value = jnp.asarray(-rng.uniform(0.0, 1.0, size=v.shape))
+            for fn, a_ in ((ops.lion_attention, a), (ops.lion_attention, a_value),
+                           (ops.causal_linear_attention, a)):
+                ref = fn(q, k, v, a_, impl="attention")
                 for impl in ("recurrent", "chunk"):
-                    assert rel_err(fn(q, k, v, a, impl=impl, chunk_size=chunk), ref) <= 1e-10
+                    assert rel_err(fn(q, k, v, a_, impl=impl, chunk_size=chunk), ref) <= 1e-10
 
 
 def _temp_bytes(impl, L, B=1, H=2, K=16, V=16):
@@ -263,8 +282,10 @@ class TestBadInputs:
         self.raises(r"v must have shape \[B, L, H, V\]", ops.lion_attention, q, q, v[:, :8])
         self.raises(r"q must have shape \[B, L, H, K\]", ops.lion_attention, q[0], q, v)
         self.raises(r"log_decay must have shape", ops.lion_attention, q, q, v, a[:, :, :2])
-        self.raises(r"per-feature decay \[B, L, H, K\] is causal only", ops.lion_attention, q, q,
-                    v, jnp.zeros(q.shape))
+        self.raises(r"\[B, L, H, V\] \(per value feature\) = .*\[2, 9, 3, 5\]",
+                    ops.lion_attention, q, q, v, jnp.zeros(q.shape))  # per key: causal only
+        self.raises(r"no kernel computes a per-value-feature log_decay", ops.lion_attention, q,
+                    q, v, jnp.zeros(v.shape), impl="pallas")
         self.raises(r"log_decay must have shape", ops.causal_linear_attention, q, q, v, a[:, :4])
         self.raises(r"state must have shape \[B, H, K, V\]", ops.causal_linear_attention, q, q,
                     v, initial_state=jnp.zeros((2, 3, 4, 4)))

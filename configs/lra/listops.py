@@ -5,10 +5,8 @@ Run:  python -m experiments.train --config configs/lra/listops.py[:variant] [--w
 Default (the paper). LION, Appendix D.2: "the same model dimensions as specified in the S5
 paper, following the guidelines from the S5 GitHub repository"; AdamW, initial learning rate
 5e-4, cosine schedule; query, key and selective-gate weights initialised N(0, 0.1^2); a
-selective decay with a HiPPO-initialised non-selective part and a ZOH-initialised W_v, one
-decay per head rather than per value feature (configs/common.py: lra_lion_s_mixer says
-why; the ``vector_decay`` variant has the paper's). What D.2
-leaves open is taken from S5's ListOps script (lindermanlab/S5
+selective decay per value feature (C.7) with a HiPPO-initialised non-selective part and a
+ZOH-initialised W_v (configs/common.py: lra_lion_s_mixer). What D.2 leaves open is taken from S5's ListOps script (lindermanlab/S5
 bin/run_experiments/run_lra_listops.sh): d_model 128, 8 layers, batch 50, 40 epochs, weight
 decay 0.04, 1 epoch of linear warmup, no dropout, mean pooling. Not from either source, our
 choices: 8 heads (S5's 8 HiPPO blocks), MLP width 2 * d_model, LayerNorm (S5 uses BatchNorm),

@@ -85,29 +85,6 @@ def _constant_init(values: np.ndarray):
     return init
 
 
-def _value_heads(q, k, v, log_decay, key_scale):
-    """Vector decay (paper C.7) as one head per value feature, sharing that head's ``q, k``.
-
-    The ``L x L x V`` mask applied by Hadamard product on the value features, with SCALE per
-    value feature (Eq. 136), is the scalar-decay op run on ``H * V`` heads of value width 1.
-    Memory for ``q, k`` grows by a factor ``V``.
-
-    Args:
-      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: ``[B, L, H, V]``.
-      key_scale: None, ``[B, L, H]`` or ``[B, L, H, V]``, multiplies ``k``.
-    Returns:
-      ``q, k [B, L, H*V, K]``, ``v [B, L, H*V, 1]``, ``log_decay [B, L, H*V]``.
-    """
-    B, L, H, K = q.shape
-    V = v.shape[-1]
-    q, k = (jnp.broadcast_to(x[:, :, :, None, :], (B, L, H, V, K)) for x in (q, k))
-    if key_scale is not None:
-        k = k * key_scale.reshape(B, L, H, -1, 1)
-    heads = (B, L, H * V)
-    return (q.reshape(*heads, K), k.reshape(*heads, K), v.reshape(*heads, 1),
-            log_decay.reshape(heads))
-
-
 class LionAttention(nn.Module):
     """LION token mixer ``[B, L, D] -> [B, L, D]``: bidirectional (or causal) linear attention.
 
@@ -130,9 +107,10 @@ class LionAttention(nn.Module):
       ``cap * tanh(i~ / cap)`` (``input_gate_cap``, 15 as in xLSTM-7B's gate soft-cap), so
       ``exp`` stays finite in float32 without xLSTM's running-max stabiliser.
 
-    ``decay_shape="vector"`` (decaying variants; paper C.7): one decay per value feature,
-    ``a_i in R^V`` per head (``Dense(D -> H*V)`` for the gates, ``H*V`` fixed decays), with
-    SCALE per value feature.
+    ``decay_shape="vector"`` (decaying variants, bidirectional; paper C.7): one decay per value
+    feature, ``a_i in R^V`` per head (``Dense(D -> H*V)`` for the gates, ``H*V`` fixed decays),
+    with SCALE per value feature: the op's ``[B, L, H, V]`` log-decay. A per-channel key scale
+    (``grfa``'s ``1 - g``) then weighs each value column's numerator and denominator.
 
     The LRA recipe of paper Appendix D.2 and the ablations of Table 6 are switches:
     ``decay_init="hippo"`` adds a learnable non-selective log-decay per channel, initialised
@@ -226,6 +204,10 @@ class LionAttention(nn.Module):
         if self.decay_shape == "vector" and self.variant == "lit":
             raise ValueError("decay_shape='vector' (paper C.7) needs a decay; variant 'lit' has "
                              "none")
+        if self.decay_shape == "vector" and self.causal:
+            raise ValueError("decay_shape='vector' (paper C.7, a decay per value feature) is "
+                             "bidirectional only; causal models decay per key feature "
+                             "(lion_jax.ops.causal_linear_attention with log_decay [B, L, H, K])")
         if self.impl not in ops.IMPLS:
             raise ValueError(f"unknown impl {self.impl!r}; valid: {list(ops.IMPLS)}")
         for name, value, valid in (("decay_init", self.decay_init, DECAY_INITS),
@@ -372,24 +354,42 @@ class LionAttention(nn.Module):
             return nn.initializers.lecun_normal()(key, shape, dtype) * jnp.asarray(scales, dtype)
         return init
 
-    def _mix(self, q, k, v, log_decay):
-        """The op call: ``[B, L, H, K] x2, [B, L, H, V], [B, L, H] -> [B, L, H, V]``."""
+    def _mix(self, q, k, v, log_decay, value_scale):
+        """The op call: ``q, k [B, L, H, K]``, ``v [B, L, H, V]``, ``log_decay`` None,
+        ``[B, L, H]`` or ``[B, L, H, V]``, ``value_scale`` None or ``[B, L, H, V]`` (a key scale
+        per value column) ``-> [B, L, H, V]``."""
         op = ops.causal_linear_attention if self.causal else ops.lion_attention
         kwargs = dict(impl=self.impl, chunk_size=self.chunk_size, eps=self.eps)
         if self.centre_values:  # checked in __post_init__: bidirectional and normalised
             kwargs["centre_values"] = True
-        if self.normalize_unmasked:  # checked in __post_init__: bidirectional and normalised
-            num = op(q, k, v, log_decay, normalize=False, **kwargs)
-            dtype = jnp.promote_types(v.dtype, jnp.float32)
-            den = jnp.einsum("blhk,bhk->blh", q.astype(dtype), jnp.sum(k.astype(dtype), axis=1))
-            return (num.astype(dtype) / (den[..., None] + self.eps)).astype(v.dtype)
-        if self.variant != "xlstm":
+        plain = self.variant != "xlstm" and not self.normalize_unmasked
+        if plain and (value_scale is None or not self.scaled):
+            if value_scale is not None:
+                v = v * value_scale.astype(v.dtype)
             return op(q, k, v, log_decay, normalize=self.scaled, **kwargs)
-        # numerator and denominator from one call: the last value column is all ones
-        ones = jnp.ones(v.shape[:-1] + (1,), v.dtype)
-        out = op(q, k, jnp.concatenate([v, ones], axis=-1), log_decay, normalize=False,
-                 **kwargs).astype(jnp.promote_types(v.dtype, jnp.float32))
-        return (out[..., :-1] / jnp.maximum(out[..., -1:], 1.0)).astype(v.dtype)
+
+        # Numerator and denominator from one call: value columns, then a weight column per
+        # denominator (ones, or the value scales) with the same decay.
+        dtype = jnp.promote_types(v.dtype, jnp.float32)
+        weights = (jnp.ones(v.shape[:-1] + (1,), dtype) if value_scale is None
+                   else value_scale.astype(dtype))
+        if value_scale is not None:
+            v = v * value_scale.astype(v.dtype)
+        if self.normalize_unmasked:  # checked in __post_init__: bidirectional and normalised
+            num = op(q, k, v, log_decay, normalize=False, **kwargs).astype(dtype)
+            k_sum = jnp.einsum("bjhk,bjhw->bhkw", k.astype(dtype), weights)
+            den = jnp.einsum("blhk,bhkw->blhw", q.astype(dtype), k_sum)
+            return (num / (den + self.eps)).astype(v.dtype)
+        if log_decay is not None and log_decay.ndim == 4:
+            log_decay = jnp.concatenate([log_decay, log_decay], axis=-1)
+            weights = jnp.broadcast_to(weights, v.shape)
+        out = op(q, k, jnp.concatenate([v, weights.astype(v.dtype)], axis=-1), log_decay,
+                 normalize=False, **kwargs).astype(dtype)
+        V = v.shape[-1]
+        num, den = out[..., :V], out[..., V:]
+        if self.variant == "xlstm":
+            return (num / jnp.maximum(den, 1.0)).astype(v.dtype)
+        return (num / (den + self.eps)).astype(v.dtype)
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
@@ -427,12 +427,13 @@ class LionAttention(nn.Module):
                 key_scale = jnp.where(real(key_scale), key_scale, 0.0)
         self.sow("intermediates", "mixer_inputs", (q, k, v, log_decay, key_scale))
 
-        if self.decay_shape == "vector":
-            q, k, v, log_decay = _value_heads(q, k, v, log_decay, key_scale)
+        value_scale = None
+        if key_scale is not None and key_scale.ndim == 4:  # per value column (vector decay)
+            value_scale = key_scale
         elif key_scale is not None:
             k = k * key_scale[..., None]
-        y = self._mix(q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay)
-        y = y.reshape(B, L, H, V)
+        y = self._mix(q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay,
+                      value_scale)
 
         if self.use_output_norm:
             y = nn.LayerNorm(

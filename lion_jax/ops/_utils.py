@@ -10,12 +10,15 @@ import jax.numpy as jnp
 einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
 
 
-def decay_factor(x: jnp.ndarray, ndim: int) -> jnp.ndarray:
-    """Appends unit axes to a decay tensor so it broadcasts against a state of rank ``ndim``.
+def decay_factor(x: jnp.ndarray, ndim: int, *, value_decay: bool = False) -> jnp.ndarray:
+    """Adds unit axes to a decay tensor so it broadcasts against a state of rank ``ndim``.
 
-    A scalar decay ``[B, H]`` scales a state ``[B, H, K, V]`` as ``[B, H, 1, 1]``; a per-feature
-    decay ``[B, H, K]`` scales it row-wise as ``[B, H, K, 1]``.
+    A scalar decay ``[B, H]`` scales a state ``[B, H, K, V]`` as ``[B, H, 1, 1]``; a per-key-feature
+    decay ``[B, H, K]`` scales it row-wise as ``[B, H, K, 1]``; with ``value_decay`` a
+    per-value-feature decay ``[B, H, V]`` scales it column-wise as ``[B, H, 1, V]``.
     """
+    if value_decay:
+        return jnp.expand_dims(x, -2)
     return x.reshape(x.shape + (1,) * (ndim - x.ndim))
 
 
@@ -47,7 +50,8 @@ def bidirectional_from_causal(causal_fn, q, k, v, log_decay):
 
     Args:
       causal_fn: ``(q, k, v, log_decay) -> (y, final_state)``, an inclusive causal form.
-      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: None or ``[B, L, H]``.
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: None, ``[B, L, H]`` or whatever
+        per-feature shape ``causal_fn`` takes (the backward decays shift the same way).
     Returns:
       ``[B, L, H, V]``, ``y^F + y^B`` (not normalised).
     """

@@ -36,7 +36,11 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
     Args:
       q, k: ``[B, L, H, K]`` queries and keys (already feature-mapped).
       v: ``[B, L, H, V]`` values.
-      log_decay: None (no decay, LION-LIT) or ``[B, L, H]`` with entries ``<= 0``.
+      log_decay: None (no decay, LION-LIT), ``[B, L, H]``, or ``[B, L, H, V]``: one decay per
+        value feature (paper C.7, Eq. 136), where the mask ``M_ijv`` multiplies value column
+        ``v`` and SCALE divides each column by its own ``sum_j s_ij M_ijv``. Entries ``<= 0``.
+        The per-value form runs in XLA ("attention", "recurrent", "chunk"; "auto" picks one);
+        no kernel computes it yet.
       normalize: divide each row by ``sum_j s_ij M_ij + eps`` (SCALE); False gives the
         non-normalised form (LION-RETNET).
       eps: added to the denominator.
@@ -55,12 +59,17 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
     """
     name = "lion_attention"
     _check_qkv(name, q, k, v)
-    _check_log_decay(name, log_decay, q, per_feature_ok=False)
+    _check_log_decay(name, log_decay, q, per_value=v.shape[-1])
     _check_options(name, impl, chunk_size, eps)
     if centre_values and not normalize:
         raise ValueError(f"{name}: centre_values=True needs normalize=True (without the "
                          "normaliser the output is linear in v and nothing cancels)")
-    impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize)
+    value_decay = log_decay is not None and log_decay.ndim == 4
+    if value_decay and impl == "pallas":
+        raise ValueError(f"{name}: no kernel computes a per-value-feature log_decay "
+                         "[B, L, H, V] yet; use impl='chunk' (or 'auto')")
+    impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize,
+                         kernels_ok=not value_decay)
     if impl == "pallas":
         return _kernels(name).bidirectional_linear_attention(
             q, k, v, log_decay, normalize=normalize, eps=eps, chunk_size=chunk_size,
@@ -70,14 +79,17 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
     dtype = _compute_dtype(out_dtype)
     q, k, v = (x.astype(dtype) for x in (q, k, v))
     log_decay = None if log_decay is None else log_decay.astype(dtype)
-    if normalize:
+    if normalize and value_decay:  # a column of ones per value column, with its decay
+        v = jnp.concatenate([v, jnp.ones_like(v)], axis=-1)
+        log_decay = jnp.concatenate([log_decay, log_decay], axis=-1)
+    elif normalize:
         v = _append_ones(v)
     if impl == "chunk":
-        y = chunk.bidirectional(q, k, v, log_decay, chunk_size=chunk_size)
+        y = chunk.bidirectional(q, k, v, log_decay, chunk_size=chunk_size, value_decay=value_decay)
     else:
-        y = _BIDIRECTIONAL_FORMS[impl](q, k, v, log_decay)
+        y = _BIDIRECTIONAL_FORMS[impl](q, k, v, log_decay, value_decay=value_decay)
     if normalize:
-        y = _divide_by_last_column(y, eps)
+        y = _divide_by_last_columns(y, eps, y.shape[-1] // 2 if value_decay else 1)
     return y.astype(out_dtype)
 
 
@@ -104,7 +116,7 @@ def causal_linear_attention(q, k, v, log_decay=None, *, normalize=False, eps=1e-
     """
     name = "causal_linear_attention"
     _check_qkv(name, q, k, v)
-    _check_log_decay(name, log_decay, q, per_feature_ok=True)
+    _check_log_decay(name, log_decay, q, per_key=True)
     _check_options(name, impl, chunk_size, eps)
     B, L, H, K = q.shape
     _check_state(name, initial_state, normalize, (B, H, K, v.shape[-1]))
@@ -130,7 +142,7 @@ def causal_linear_attention(q, k, v, log_decay=None, *, normalize=False, eps=1e-
             y, final_state = _CAUSAL_FORMS[impl](q, k, v, log_decay, state)
 
     if normalize:
-        y = _divide_by_last_column(y, eps)
+        y = _divide_by_last_columns(y, eps)
         final_state = (final_state[..., :-1], final_state[..., -1])
     y = y.astype(out_dtype)
     return (y, final_state) if return_final_state else y
@@ -157,7 +169,7 @@ def causal_linear_attention_step(q, k, v, state=None, log_decay=None, *, normali
         raise ValueError(f"{name}: q, k must have shape [B, H, K] and v [B, H, V] (one token); "
                          f"got q {q.shape}, k {k.shape}, v {v.shape}")
     _check_qkv(name, q1, k1, v1)
-    _check_log_decay(name, a1, q1, per_feature_ok=True)
+    _check_log_decay(name, a1, q1, per_key=True)
     B, H, K = q.shape
     _check_state(name, state, normalize, (B, H, K, v.shape[-1]))
 
@@ -173,7 +185,7 @@ def causal_linear_attention_step(q, k, v, state=None, log_decay=None, *, normali
     new_state, y = recurrent.step(state.astype(dtype), q_, k_, v_,
                                   None if log_decay is None else log_decay.astype(dtype))
     if normalize:
-        y = _divide_by_last_column(y, eps)
+        y = _divide_by_last_columns(y, eps)
         new_state = (new_state[..., :-1], new_state[..., -1])
     return y.astype(v.dtype), new_state
 
@@ -190,8 +202,9 @@ def _append_ones(v):
     return jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
 
 
-def _divide_by_last_column(y, eps):
-    return y[..., :-1] / (y[..., -1:] + eps)
+def _divide_by_last_columns(y, eps, n=1):
+    """Numerator columns ``y[..., :-n]`` over the denominators ``y[..., -n:]`` (1 or one each)."""
+    return y[..., :-n] / (y[..., -n:] + eps)
 
 
 @functools.cache
@@ -211,7 +224,7 @@ def _kernels(name):
     return module
 
 
-def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize):
+def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, kernels_ok=True):
     """The form for impl="auto": the Pallas kernels on a GPU when they take these inputs (``v``
     as the kernels see it: one column wider when normalising), else the materialized form for
     short sequences and the chunked one beyond."""
@@ -219,7 +232,7 @@ def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize):
         return impl
     kernels = _kernels_module()
     v_seen = jax.ShapeDtypeStruct(v.shape[:-1] + (v.shape[-1] + int(normalize),), v.dtype)
-    if (jax.default_backend() == "gpu" and kernels is not None
+    if (kernels_ok and jax.default_backend() == "gpu" and kernels is not None
             and kernels.unsupported_reason(q, k, v_seen, log_decay, chunk_size=chunk_size) is None):
         return "pallas"
     return "attention" if q.shape[1] <= AUTO_ATTENTION_MAX_LEN else "chunk"
@@ -250,17 +263,23 @@ def _check_qkv(name, q, k, v):
                          f"float16 or float64), got {got}; cast them to one dtype")
 
 
-def _check_log_decay(name, log_decay, q, *, per_feature_ok):
+def _check_log_decay(name, log_decay, q, *, per_key=False, per_value=None):
+    """Checks ``log_decay``: ``[B, L, H]``, or per key feature ``[B, L, H, K]`` (``per_key``),
+    or per value feature ``[B, L, H, V]`` (``per_value=V``); finite and ``<= 0`` if concrete."""
     if log_decay is None:
         return
     B, L, H, K = q.shape
-    allowed = [(B, L, H)] + ([(B, L, H, K)] if per_feature_ok else [])
+    allowed, names = [(B, L, H)], ["[B, L, H]"]
+    if per_key:
+        allowed.append((B, L, H, K))
+        names.append("[B, L, H, K] (per key feature)")
+    if per_value is not None:
+        allowed.append((B, L, H, per_value))
+        names.append("[B, L, H, V] (per value feature)")
     if tuple(getattr(log_decay, "shape", ())) not in allowed:
         expected = " or ".join(str(list(s)) for s in allowed)
-        names = "[B, L, H] or [B, L, H, K]" if per_feature_ok else (
-            "[B, L, H]; per-feature decay [B, L, H, K] is causal only")
-        raise ValueError(f"{name}: log_decay must have shape {names} = {expected}, got "
-                         f"{getattr(log_decay, 'shape', type(log_decay).__name__)}")
+        raise ValueError(f"{name}: log_decay must have shape {' or '.join(names)} = {expected}, "
+                         f"got {getattr(log_decay, 'shape', type(log_decay).__name__)}")
     if not jnp.issubdtype(log_decay.dtype, jnp.floating):
         raise ValueError(f"{name}: log_decay must be a floating array, got {log_decay.dtype}")
     if _is_concrete(log_decay):

@@ -1,7 +1,7 @@
 """The materialized masked-attention forms (the paper's training form; the test oracle).
 
 ``y = (Q K^T * M) V`` with the ``L x L`` mask of :mod:`lion_jax.ops.masks`. Memory is
-``O(L^2)`` per head (``O(L^2 K)`` with per-feature decay): use for short sequences and tests.
+``O(L^2)`` per head (``O(L^2 d)`` with per-feature decay): use for short sequences and tests.
 Inputs are in the compute dtype (float32 or float64); normalisation is applied by the caller.
 """
 
@@ -18,45 +18,70 @@ def _cumulative(log_decay, q):
     return jnp.cumsum(log_decay, axis=1)
 
 
-def causal(q, k, v, log_decay=None, initial_state=None):
+def causal(q, k, v, log_decay=None, initial_state=None, *, value_decay=False):
     """Causal masked linear attention, materialized.
 
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``.
-      log_decay: None, ``[B, L, H]`` (scalar per token and head) or ``[B, L, H, K]``
-        (per key feature).
+      log_decay: None, ``[B, L, H]`` (scalar per token and head), ``[B, L, H, K]`` (per key
+        feature), or with ``value_decay`` ``[B, L, H, V]`` (per value feature, paper C.7).
       initial_state: None or ``[B, H, K, V]``, the state before the first token.
+      value_decay: the last axis of a 4-D ``log_decay`` indexes value features.
     Returns:
       ``(y [B, L, H, V], final_state [B, H, K, V])``, where
-      ``y_i = sum_{j<=i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T + q_i^T diag(exp(A_i)) S_0``.
+      ``y_i = sum_{j<=i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T + q_i^T diag(exp(A_i)) S_0``
+      (per value feature: ``y_iv = sum_{j<=i} s_ij exp(A_iv - A_jv) v_jv + ...``).
     """
     A = _cumulative(log_decay, q)
-    if A.ndim == 3:  # scalar decay: one [L, L] mask per head
-        mask = masks.causal_mask(jnp.transpose(A, (0, 2, 1)))  # [B, H, L, L]
-        scores = einsum("bihk,bjhk->bhij", q, k) * mask
-    else:  # per-feature decay: one [L, L] mask per key feature
-        mask = masks.causal_mask(jnp.transpose(A, (0, 2, 3, 1)))  # [B, H, K, L, L]
-        scores = einsum("bihk,bjhk,bhkij->bhij", q, k, mask)
-    y = einsum("bhij,bjhv->bihv", scores, v)
+    per_value = value_decay and A.ndim == 4
+    if per_value:
+        y = _masked_per_value(q, k, v, masks.causal_mask(jnp.transpose(A, (0, 2, 3, 1))))
+    else:
+        if A.ndim == 3:  # scalar decay: one [L, L] mask per head
+            mask = masks.causal_mask(jnp.transpose(A, (0, 2, 1)))  # [B, H, L, L]
+            scores = einsum("bihk,bjhk->bhij", q, k) * mask
+        else:  # per-key-feature decay: one [L, L] mask per key feature
+            mask = masks.causal_mask(jnp.transpose(A, (0, 2, 3, 1)))  # [B, H, K, L, L]
+            scores = einsum("bihk,bjhk,bhkij->bhij", q, k, mask)
+        y = einsum("bhij,bjhv->bihv", scores, v)
 
     A_last = A[:, -1:]
-    k_to_end = k * decay_factor(jnp.exp(A_last - A), k.ndim)
-    final_state = einsum("bjhk,bjhv->bhkv", k_to_end, v)
+    to_end = decay_factor(jnp.exp(A_last - A), 4)
+    if per_value:
+        final_state = einsum("bjhk,bjhv->bhkv", k, v * to_end)
+    else:
+        final_state = einsum("bjhk,bjhv->bhkv", k * to_end, v)
     if initial_state is not None:
-        y = y + einsum("bihk,bhkv->bihv", q * decay_factor(jnp.exp(A), q.ndim), initial_state)
-        final_state = final_state + decay_factor(jnp.exp(A_last[:, 0]), 4) * initial_state
+        from_start = decay_factor(jnp.exp(A), 4)
+        if per_value:
+            y = y + einsum("bihk,bhkv->bihv", q, initial_state) * from_start
+        else:
+            y = y + einsum("bihk,bhkv->bihv", q * from_start, initial_state)
+        final_state = final_state + decay_factor(
+            jnp.exp(A_last[:, 0]), 4, value_decay=per_value) * initial_state
     return y, final_state
 
 
-def bidirectional(q, k, v, log_decay=None):
+def bidirectional(q, k, v, log_decay=None, *, value_decay=False):
     """LION's bidirectional masked attention ``(Q K^T * M) V``, ``M_ij = exp(-|A_i - A_j|)``.
 
     Args:
-      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: None or ``[B, L, H]``.
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: None, ``[B, L, H]`` or with
+        ``value_decay`` ``[B, L, H, V]``: then ``M`` is ``L x L x V`` and multiplies each value
+        column (paper Eq. 136).
+      value_decay: ``log_decay`` is per value feature.
     Returns:
       ``[B, L, H, V]`` (not normalised).
     """
     A = _cumulative(log_decay, q)
+    if value_decay and A.ndim == 4:
+        return _masked_per_value(q, k, v, masks.bidirectional_mask(jnp.transpose(A, (0, 2, 3, 1))))
     mask = masks.bidirectional_mask(jnp.transpose(A, (0, 2, 1)))  # [B, H, L, L]
     scores = einsum("bihk,bjhk->bhij", q, k) * mask
     return einsum("bhij,bjhv->bihv", scores, v)
+
+
+def _masked_per_value(q, k, v, mask):
+    """``y_iv = sum_j s_ij M_ijv v_jv`` with ``mask [B, H, V, L, L]`` (paper Eq. 136)."""
+    scores = einsum("bihk,bjhk->bhij", q, k)
+    return einsum("bhij,bhvij,bjhv->bihv", scores, mask, v)

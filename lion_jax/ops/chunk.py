@@ -9,9 +9,14 @@ precision), chunk n computes
     inter:  y_i += q_i^T diag(exp(b_i)) S_{n-1}
     state:  S_n  = diag(exp(b_C)) S_{n-1} + sum_j diag(exp(b_C - b_j)) k_j v_j^T
 
+(a per-value-feature decay puts the same factors on the value side: ``y_iv`` takes
+``exp(b_iv - b_jv)`` and the state decays column-wise).
+
 Chunk-local states are computed for all chunks at once; a ``lax.scan`` over the ``L / C`` chunks
 carries them into prefix states. Every exponent is ``<= 0``.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,14 +25,17 @@ from lion_jax.ops import masks
 from lion_jax.ops._utils import bidirectional_from_causal, decay_factor, einsum
 
 
-def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64):
+def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64, value_decay=False):
     """Causal linear attention, chunked.
 
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``.
-      log_decay: None, ``[B, L, H]`` or ``[B, L, H, K]``.
+      log_decay: None, ``[B, L, H]``, ``[B, L, H, K]`` (per key feature), or with
+        ``value_decay`` ``[B, L, H, V]`` (per value feature: the mask multiplies each value
+        column, LION paper C.7; the state decays column-wise).
       initial_state: None or ``[B, H, K, V]``.
       chunk_size: tokens per chunk, C.
+      value_decay: the last axis of a 4-D ``log_decay`` indexes value features.
     Returns:
       ``(y [B, L, H, V], final_state [B, H, K, V])``; the final state is that after the true
       last token.
@@ -45,19 +53,26 @@ def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64):
         return jnp.moveaxis(x, 3, 1)
 
     qc, kc, vc = to_chunks(q), to_chunks(k), to_chunks(v)
-    b = jnp.cumsum(to_chunks(log_decay), axis=3)  # [B, H, N, C] or [B, H, N, C, K]
+    b = jnp.cumsum(to_chunks(log_decay), axis=3)  # [B, H, N, C] or [B, H, N, C, K or V]
+    per_value = value_decay and b.ndim == 5
 
-    if b.ndim == 4:  # scalar decay
-        scores = einsum("bhnik,bhnjk->bhnij", qc, kc) * masks.causal_mask(b)
-    else:  # per-feature decay: a C x C mask per key feature
-        mask = masks.causal_mask(jnp.moveaxis(b, -1, -2))  # [B, H, N, K, C, C]
-        scores = einsum("bhnik,bhnjk,bhnkij->bhnij", qc, kc, mask)
-    y = einsum("bhnij,bhnjv->bhniv", scores, vc)
+    if per_value:
+        y = _intra_value_decay(qc, kc, vc, b)
+    else:
+        if b.ndim == 4:  # scalar decay
+            scores = einsum("bhnik,bhnjk->bhnij", qc, kc) * masks.causal_mask(b)
+        else:  # per-key-feature decay: a C x C mask per key feature
+            mask = masks.causal_mask(jnp.moveaxis(b, -1, -2))  # [B, H, N, K, C, C]
+            scores = einsum("bhnik,bhnjk,bhnkij->bhnij", qc, kc, mask)
+        y = einsum("bhnij,bhnjv->bhniv", scores, vc)
 
     b_last = b[:, :, :, -1:]
-    k_to_end = kc * decay_factor(jnp.exp(b_last - b), 5)
-    chunk_states = einsum("bhnjk,bhnjv->bhnkv", k_to_end, vc)  # [B, H, N, K, V]
-    chunk_decay = decay_factor(jnp.exp(b_last[:, :, :, 0]), 5)  # [B, H, N, 1 or K, 1]
+    to_end = decay_factor(jnp.exp(b_last - b), 5)  # [B, H, N, C, 1 or K or V]
+    if per_value:
+        chunk_states = einsum("bhnjk,bhnjv->bhnkv", kc, vc * to_end)  # [B, H, N, K, V]
+    else:
+        chunk_states = einsum("bhnjk,bhnjv->bhnkv", kc * to_end, vc)
+    chunk_decay = decay_factor(jnp.exp(b_last[:, :, :, 0]), 5, value_decay=per_value)
 
     def carry(state, x):
         decay, local = x
@@ -67,20 +82,38 @@ def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64):
     final_state, entering = jax.lax.scan(
         carry, state0, (jnp.moveaxis(chunk_decay, 2, 0), jnp.moveaxis(chunk_states, 2, 0)))
     entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]
-    y = y + einsum("bhnik,bhnkv->bhniv", qc * decay_factor(jnp.exp(b), 5), entering)
+    from_start = decay_factor(jnp.exp(b), 5)
+    if per_value:
+        y = y + einsum("bhnik,bhnkv->bhniv", qc, entering) * from_start
+    else:
+        y = y + einsum("bhnik,bhnkv->bhniv", qc * from_start, entering)
 
     y = jnp.moveaxis(y, 1, 3).reshape(B, N * C, H, V)[:, :L]
     return y, final_state
 
 
-def bidirectional(q, k, v, log_decay=None, *, chunk_size=64):
+@functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+def _intra_value_decay(qc, kc, vc, b):
+    """Within-chunk part with a per-value-feature decay: ``y_iv = sum_{j<=i} s_ij M_ijv v_jv``.
+
+    The ``[B, H, N, V, C, C]`` mask (``L C V`` numbers) is rebuilt in the backward pass rather
+    than kept, so a layer's saved activations stay ``O(L d)``.
+    """
+    mask = masks.causal_mask(jnp.moveaxis(b, -1, -2))  # [B, H, N, V, C, C]
+    scores = einsum("bhnik,bhnjk->bhnij", qc, kc)
+    return einsum("bhnij,bhnvij,bhnjv->bhniv", scores, mask, vc)
+
+
+def bidirectional(q, k, v, log_decay=None, *, chunk_size=64, value_decay=False):
     """LION, chunked: the forward causal pass plus the backward one on the reversed sequence.
 
     Args:
-      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: None or ``[B, L, H]``.
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; log_decay: None, ``[B, L, H]`` or with
+        ``value_decay`` ``[B, L, H, V]``.
       chunk_size: tokens per chunk.
+      value_decay: ``log_decay`` is per value feature.
     Returns:
       ``[B, L, H, V]`` numerator (not normalised).
     """
-    causal_fn = lambda *args: causal(*args, chunk_size=chunk_size)  # noqa: E731
+    causal_fn = functools.partial(causal, chunk_size=chunk_size, value_decay=value_decay)
     return bidirectional_from_causal(causal_fn, q, k, v, log_decay)
