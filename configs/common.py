@@ -100,9 +100,8 @@ def lra_lion_s_mixer():
     HiPPO-initialised non-selective part, ZOH-initialised W_v, N(0, 0.1^2) query, key and gate
     kernels, SCALE.
 
-    No kernel computes the per-value-feature decay yet, so ``impl="auto"`` runs the chunked
-    XLA form; its chunk is 16 because the within-chunk masks take ``L * C * V`` numbers per
-    head (``lion_jax/ops/chunk.py``). ``:scalar_decay`` runs on the Pallas kernels.
+    ``impl="auto"`` runs ``pallas_kernels.lion_value_decay`` on a GPU; ``chunk_size`` is the
+    XLA form's (CPU), 16 because its within-chunk masks take ``L * C * V`` numbers per head.
     """
     return ml_collections.ConfigDict(dict(
         variant="s", impl="auto", chunk_size=16, feature_map="silu_l2", normalize=True,

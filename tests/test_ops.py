@@ -284,8 +284,6 @@ class TestBadInputs:
         self.raises(r"log_decay must have shape", ops.lion_attention, q, q, v, a[:, :, :2])
         self.raises(r"\[B, L, H, V\] \(per value feature\) = .*\[2, 9, 3, 5\]",
                     ops.lion_attention, q, q, v, jnp.zeros(q.shape))  # per key: causal only
-        self.raises(r"no kernel computes a per-value-feature log_decay", ops.lion_attention, q,
-                    q, v, jnp.zeros(v.shape), impl="pallas")
         self.raises(r"log_decay must have shape", ops.causal_linear_attention, q, q, v, a[:, :4])
         self.raises(r"state must have shape \[B, H, K, V\]", ops.causal_linear_attention, q, q,
                     v, initial_state=jnp.zeros((2, 3, 4, 4)))

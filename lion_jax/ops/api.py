@@ -39,8 +39,8 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
       log_decay: None (no decay, LION-LIT), ``[B, L, H]``, or ``[B, L, H, V]``: one decay per
         value feature (paper C.7, Eq. 136), where the mask ``M_ijv`` multiplies value column
         ``v`` and SCALE divides each column by its own ``sum_j s_ij M_ijv``. Entries ``<= 0``.
-        The per-value form runs in XLA ("attention", "recurrent", "chunk"; "auto" picks one);
-        no kernel computes it yet.
+        Per value feature, "pallas" is ``pallas_kernels.lion_value_decay`` (chunks of 16,
+        whatever ``chunk_size``; ``centre_values`` does not apply).
       normalize: divide each row by ``sum_j s_ij M_ij + eps`` (SCALE); False gives the
         non-normalised form (LION-RETNET).
       eps: added to the denominator.
@@ -65,11 +65,10 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
         raise ValueError(f"{name}: centre_values=True needs normalize=True (without the "
                          "normaliser the output is linear in v and nothing cancels)")
     value_decay = log_decay is not None and log_decay.ndim == 4
-    if value_decay and impl == "pallas":
-        raise ValueError(f"{name}: no kernel computes a per-value-feature log_decay "
-                         "[B, L, H, V] yet; use impl='chunk' (or 'auto')")
     impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize,
-                         kernels_ok=not value_decay)
+                         value_decay=value_decay)
+    if impl == "pallas" and value_decay:
+        return _value_decay_kernel(name, q, k, v, log_decay, normalize, eps)
     if impl == "pallas":
         return _kernels(name).bidirectional_linear_attention(
             q, k, v, log_decay, normalize=normalize, eps=eps, chunk_size=chunk_size,
@@ -224,18 +223,44 @@ def _kernels(name):
     return module
 
 
-def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, kernels_ok=True):
+def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, value_decay=False):
     """The form for impl="auto": the Pallas kernels on a GPU when they take these inputs (``v``
-    as the kernels see it: one column wider when normalising), else the materialized form for
-    short sequences and the chunked one beyond."""
+    as the kernels see it: one column wider when normalising, or twice as wide with a decay
+    per value feature), else the materialized form for short sequences and the chunked one
+    beyond."""
     if impl != "auto":
         return impl
     kernels = _kernels_module()
-    v_seen = jax.ShapeDtypeStruct(v.shape[:-1] + (v.shape[-1] + int(normalize),), v.dtype)
-    if (kernels_ok and jax.default_backend() == "gpu" and kernels is not None
-            and kernels.unsupported_reason(q, k, v_seen, log_decay, chunk_size=chunk_size) is None):
-        return "pallas"
+    if jax.default_backend() == "gpu" and kernels is not None:
+        if value_decay:
+            width = v.shape[-1] * (2 if normalize else 1)
+            v_seen = jax.ShapeDtypeStruct(v.shape[:-1] + (width,), v.dtype)
+            a_seen = jax.ShapeDtypeStruct(v_seen.shape, log_decay.dtype)
+            reason = kernels.value_decay_unsupported_reason(q, k, v_seen, a_seen)
+        else:
+            v_seen = jax.ShapeDtypeStruct(v.shape[:-1] + (v.shape[-1] + int(normalize),),
+                                          v.dtype)
+            reason = kernels.unsupported_reason(q, k, v_seen, log_decay, chunk_size=chunk_size)
+        if reason is None:
+            return "pallas"
     return "attention" if q.shape[1] <= AUTO_ATTENTION_MAX_LEN else "chunk"
+
+
+def _value_decay_kernel(name, q, k, v, log_decay, normalize, eps):
+    """lion_attention with a decay per value feature on ``pallas_kernels.lion_value_decay``:
+    the numerator of ``[v | 1]`` with the decays doubled, then SCALE per column."""
+    kernels = _kernels(name)
+    if normalize:
+        v = jnp.concatenate([v, jnp.ones_like(v)], axis=-1)
+        log_decay = jnp.concatenate([log_decay, log_decay], axis=-1)
+    reason = kernels.value_decay_unsupported_reason(q, k, v, log_decay)
+    if reason is not None:
+        raise ValueError(f"{name}: impl='pallas' cannot run these inputs: {reason}; use "
+                         "impl='chunk' (XLA) instead")
+    y = kernels.lion_value_decay(q, k, v, log_decay)
+    if normalize:
+        y = _divide_by_last_columns(y, eps, y.shape[-1] // 2)
+    return y.astype(v.dtype)
 
 
 def _is_concrete(x):

@@ -12,8 +12,8 @@ precision), chunk n computes
 (a per-value-feature decay puts the same factors on the value side: ``y_iv`` takes
 ``exp(b_iv - b_jv)`` and the state decays column-wise).
 
-Chunk-local states are computed for all chunks at once; a ``lax.scan`` over the ``L / C`` chunks
-carries them into prefix states. Every exponent is ``<= 0``.
+Chunk-local states are computed for all chunks at once; an associative scan over the ``L / C``
+chunks carries them into prefix states. Every exponent is ``<= 0``.
 """
 
 import functools
@@ -74,14 +74,8 @@ def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64, value_
         chunk_states = einsum("bhnjk,bhnjv->bhnkv", kc * to_end, vc)
     chunk_decay = decay_factor(jnp.exp(b_last[:, :, :, 0]), 5, value_decay=per_value)
 
-    def carry(state, x):
-        decay, local = x
-        return decay * state + local, state  # emit the state entering this chunk
-
     state0 = jnp.zeros((B, H, K, V), v.dtype) if initial_state is None else initial_state
-    final_state, entering = jax.lax.scan(
-        carry, state0, (jnp.moveaxis(chunk_decay, 2, 0), jnp.moveaxis(chunk_states, 2, 0)))
-    entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]
+    entering, final_state = _carry_states(chunk_decay, chunk_states, state0)
     from_start = decay_factor(jnp.exp(b), 5)
     if per_value:
         y = y + einsum("bhnik,bhnkv->bhniv", qc, entering) * from_start
@@ -92,16 +86,50 @@ def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64, value_
     return y, final_state
 
 
+def _carry_states(chunk_decay, chunk_states, state0):
+    """States entering each chunk, and after the last: ``S_n = d_n S_{n-1} + local_n``.
+
+    An associative scan over the chunk axis (``log2 N`` steps of whole-array work instead of
+    ``N`` sequential ones) with ``(d1, s1) . (d2, s2) = (d1 d2, d2 s1 + s2)``; the initial
+    state then enters through the scanned decay products.
+
+    Args:
+      chunk_decay: ``[B, H, N, 1 or K, 1 or V]``; chunk_states: ``[B, H, N, K, V]``.
+      state0: ``[B, H, K, V]``.
+    Returns:
+      ``(entering [B, H, N, K, V], final_state [B, H, K, V])``.
+    """
+    def combine(first, second):
+        (d1, s1), (d2, s2) = first, second
+        return d1 * d2, d2 * s1 + s2
+
+    decays, states = jax.lax.associative_scan(combine, (chunk_decay, chunk_states), axis=2)
+    states = states + decays * state0[:, :, None]
+    entering = jnp.concatenate([state0[:, :, None], states[:, :, :-1]], axis=2)
+    return entering, states[:, :, -1]
+
+
 @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
 def _intra_value_decay(qc, kc, vc, b):
     """Within-chunk part with a per-value-feature decay: ``y_iv = sum_{j<=i} s_ij M_ijv v_jv``.
 
-    The ``[B, H, N, V, C, C]`` mask (``L C V`` numbers) is rebuilt in the backward pass rather
-    than kept, so a layer's saved activations stay ``O(L d)``.
+    Written as one broadcast product reduced over ``j``, with the mask built inside it, so that
+    XLA fuses mask, product and sum and never stores the ``[..., C, C, V]`` mask; the backward
+    pass rebuilds it (``jax.checkpoint``) rather than keeping it, so a layer's saved activations
+    stay ``O(L d)``.
+
+    Args:
+      qc, kc: ``[B, H, N, C, K]``; vc: ``[B, H, N, C, V]``; b: chunk-local cumulative log-decays
+        ``[B, H, N, C, V]``.
+    Returns:
+      ``[B, H, N, C, V]``.
     """
-    mask = masks.causal_mask(jnp.moveaxis(b, -1, -2))  # [B, H, N, V, C, C]
+    C = b.shape[-2]
     scores = einsum("bhnik,bhnjk->bhnij", qc, kc)
-    return einsum("bhnij,bhnvij,bhnjv->bhniv", scores, mask, vc)
+    keep = jnp.tril(jnp.ones((C, C), dtype=bool))[:, :, None]  # [i, j, 1]
+    diff = b[..., :, None, :] - b[..., None, :, :]  # [B, H, N, i, j, V]
+    mask = jnp.exp(jnp.where(keep, diff, -jnp.inf))
+    return jnp.sum(scores[..., None] * mask * vc[..., None, :, :], axis=-2)
 
 
 def bidirectional(q, k, v, log_decay=None, *, chunk_size=64, value_decay=False):
