@@ -7,12 +7,13 @@ scores ``q_i . k_j``. SCALE is the caller's: ``lion_jax.ops.lion_attention`` run
 ``[v | 1]`` with the decays doubled, so every denominator has its column's decay.
 
 Forward. ``y = F + B``: ``F`` the inclusive forward scan (``j <= i``), ``B`` the strict reverse
-one (``j > i``), each a walk (:func:`_forward_kernel`) of one program per (batch, head, block of
-value columns) over chunks of 16 tokens, carrying the ``[K, BV]`` float32 state
-``S = sum_j k_j (v_j * exp(A_end - A_j))`` that decays column-wise. The reverse scan is the
-forward one on the flipped sequence with the log-decays shifted by one token (the backward
-recurrence decays on leaving a token). Within a chunk every key column ``j`` gets its mask
-``exp(sum_{j < s <= i} a_s) [C, BV]`` from a cumulative sum of its own segment (never a
+one (``j > i``). A scan takes three passes over chunks of 16 tokens: each chunk's own state
+``k^T (v * exp(tail))`` (decaying column-wise) in parallel, ``per_feature.prefix_states``
+walking the chunks for the state entering each, and the outputs of every chunk in parallel
+(:func:`_forward_kernel`, one program per (batch, head, chunk, block of value columns)). The
+reverse scan is the forward one on the flipped sequence with the log-decays shifted by one token
+(the backward recurrence decays on leaving a token). Within a chunk every key column ``j`` gets
+its mask ``exp(sum_{j < s <= i} a_s) [C, BV]`` from a cumulative sum of its own segment (never a
 difference of cumulative sums, never a positive exponent), so any log-decay (e.g. -20 per
 token) is exact to rounding.
 
@@ -22,10 +23,10 @@ Backward, with ``do = dL/dy`` and ``P_ij = sum_v do_iv M_ijv v_jv``:
     dA_t = do_t * (F_t - B_t) - v_t * (dvF_t - dvB_t),   d log_decay = reverse cumsum of dA,
 
 where ``dvF`` sums the queries ``i >= t`` and ``dvB`` those ``i < t`` (the diagonal's terms
-cancel in dA, whose query and key parts both hold it). Two walks (:func:`_backward_kernel`)
-compute everything but dA: forward with the ``j <= i`` pairs for dq and the ``i < j`` pairs for
-dk and dv, and reverse with the other halves; each carries two states, ``k (x) v`` for dq and
-``q (x) do`` for dk and dv. The residuals are the inputs and ``F``, ``B`` (``O(L d)``).
+cancel in dA, whose query and key parts both hold it). Two scans (:func:`_backward_kernel`,
+chunk-parallel like the forward's) compute everything but dA: forward with the ``j <= i``
+pairs for dq and the ``i < j`` pairs for dk and dv, and reverse with the other halves; each
+takes two entering states, ``k (x) v`` for dq and ``q (x) do`` for dk and dv. The residuals are the inputs and ``F``, ``B`` (``O(L d)``).
 dq and dk come from each block of value columns separately and are summed in XLA.
 
 Precision: ``q k^T`` takes the input dtype (tensor cores for 16-bit inputs, float32
@@ -42,6 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _next_pow2, _pad_axis, reverse_cumsum
+from pallas_kernels.per_feature import prefix_states
 
 CHUNK = 16
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -94,77 +96,66 @@ def _column(x, j):
     return jnp.sum(jnp.where(cols == j, x, 0.0), axis=1)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, g_ref, o_ref, *, num_chunks, strict, precision):
-    """One (b, h, V-block) program: ``o_i = sum_{j <= i} (q_i . k_j) M_ij * v_j`` (``j < i`` if
-    strict), ``M_ij = exp(A_i - A_j)`` per column. Refs: q, k ``[Lp, Kp]``; v, g, o ``[Lp, BV]``."""
+def _states_kernel(k_ref, v_ref, g_ref, u_ref):
+    """One (b, h, chunk, V-block): the chunk's own state ``u = K^T (V * exp(tail))`` ``[Kp, BV]``,
+    ``tail_j`` the chunk's log-decays after token j."""
     f32 = jnp.float32
-
-    def chunk_body(n, state):
-        start = n * CHUNK
-        rows = pl.ds(start, CHUNK)
-        q, k = q_ref[rows, :], k_ref[rows, :]
-        a = g_ref[rows, :].astype(f32)
-        head = jnp.cumsum(a, axis=0)  # sum_{start <= s <= i}
-        scores = pltriton.dot(q, k, trans_b=True, precision=precision).astype(f32)
-        out = _dot(q.astype(f32), state) * jnp.exp(head)
-
-        def key(j, out):
-            v_j = v_ref[pl.ds(start + j, 1), :].astype(f32)
-            return out + _column(scores, j)[:, None] * _column_mask(a, j, strict=strict) * v_j
-
-        o_ref[rows, :] = jax.lax.fori_loop(0, CHUNK, key, out).astype(o_ref.dtype)
-        v_to_end = v_ref[rows, :].astype(f32) * jnp.exp(_segments_after(a))
-        update = _dot(k.astype(f32), v_to_end, trans_a=True)
-        return jnp.exp(jnp.sum(a, axis=0))[None, :] * state + update
-
-    state = jnp.zeros((q_ref.shape[1], v_ref.shape[1]), f32)
-    jax.lax.fori_loop(0, num_chunks, chunk_body, state)
+    v_to_end = v_ref[...].astype(f32) * jnp.exp(_segments_after(g_ref[...].astype(f32)))
+    u_ref[...] = _dot(k_ref[...].astype(f32), v_to_end, trans_a=True)
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, dq_ref, dk_ref, dv_ref, *, num_chunks,
-                     strict_q, strict_kv, precision):
-    """One (b, h, V-block) program walking forward: ``dq_i`` from the keys ``j <= i`` (``j < i``
+def _forward_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, strict, precision):
+    """One (b, h, chunk, V-block): ``o_i = sum_{j <= i} (q_i . k_j) M_ij * v_j`` (``j < i`` if
+    strict), ``M_ij = exp(A_i - A_j)`` per column, keys before the chunk through the entering
+    state. Refs: q, k ``[C, Kp]``; v, g, o ``[C, BV]``; s ``[Kp, BV]``."""
+    f32 = jnp.float32
+    q = q_ref[...]
+    a = g_ref[...].astype(f32)
+    scores = pltriton.dot(q, k_ref[...], trans_b=True, precision=precision).astype(f32)
+    out = _dot(q.astype(f32), s_ref[...]) * jnp.exp(jnp.cumsum(a, axis=0))
+
+    def key(j, out):
+        v_j = v_ref[pl.ds(j, 1), :].astype(f32)
+        return out + _column(scores, j)[:, None] * _column_mask(a, j, strict=strict) * v_j
+
+    o_ref[...] = jax.lax.fori_loop(0, CHUNK, key, out).astype(o_ref.dtype)
+
+
+def _backward_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, s_kv_ref, s_qo_ref, dq_ref, dk_ref,
+                     dv_ref, *, strict_q, strict_kv, precision):
+    """One (b, h, chunk, V-block) of a forward walk: ``dq_i`` from the keys ``j <= i`` (``j < i``
     if strict_q), ``dk_t, dv_t`` from the queries ``u <= t`` (``u < t`` if strict_kv), this
-    V-block's share. Refs: q, k, dq, dk ``[Lp, Kp]``; v, do, g, dv ``[Lp, BV]``."""
+    V-block's share; earlier chunks through the entering states ``s_kv = sum k (x) v`` and
+    ``s_qo = sum q (x) do``. Refs: q, k, dq, dk ``[C, Kp]``; v, do, g, dv ``[C, BV]``; states
+    ``[Kp, BV]``."""
     f32 = jnp.float32
+    q, k = q_ref[...], k_ref[...]
+    a = g_ref[...].astype(f32)
+    from_start = jnp.exp(jnp.cumsum(a, axis=0))
+    v32, do32 = v_ref[...].astype(f32), do_ref[...].astype(f32)
+    s_qo = s_qo_ref[...]
+    dq = _dot(do32 * from_start, s_kv_ref[...], trans_b=True)
+    dk = _dot(v32 * from_start, s_qo, trans_b=True)
+    dv = _dot(k.astype(f32), s_qo) * from_start
+    scores = pltriton.dot(k, q, trans_b=True, precision=precision).astype(f32)  # k_t . q_u
+    rows = jnp.arange(CHUNK)[:, None]
 
-    def chunk_body(n, states):
-        s_kv, s_qo = states  # sum_u k_u (x) v_u and q_u (x) do_u, decayed to the chunk start
-        start = n * CHUNK
-        rows = pl.ds(start, CHUNK)
-        q, k = q_ref[rows, :], k_ref[rows, :]
-        a = g_ref[rows, :].astype(f32)
-        from_start = jnp.exp(jnp.cumsum(a, axis=0))
-        v32, do32 = v_ref[rows, :].astype(f32), do_ref[rows, :].astype(f32)
-        q32, k32 = q.astype(f32), k.astype(f32)
-        dq = _dot(do32 * from_start, s_kv, trans_b=True)
-        dk = _dot(v32 * from_start, s_qo, trans_b=True)
-        dv = _dot(k32, s_qo) * from_start
-        scores = pltriton.dot(k, q, trans_b=True, precision=precision).astype(f32)  # k_t . q_u
+    def partner(u, acc):
+        dq, dk, dv = acc
+        row = pl.ds(u, 1)
+        mask = _column_mask(a, u, strict=False)
+        diagonal_out = lambda m, strict: jnp.where(rows == u, 0.0, m) if strict else m  # noqa
+        mask_q, mask_kv = diagonal_out(mask, strict_q), diagonal_out(mask, strict_kv)
+        v_u, do_u = v_ref[row, :].astype(f32), do_ref[row, :].astype(f32)
+        dq = dq + jnp.sum(do32 * mask_q * v_u, axis=1)[:, None] * k_ref[row, :].astype(f32)
+        weights = mask_kv * do_u  # [t, v]: M_utv do_uv
+        dk = dk + jnp.sum(v32 * weights, axis=1)[:, None] * q_ref[row, :].astype(f32)
+        return dq, dk, dv + _column(scores, u)[:, None] * weights
 
-        def partner(u, acc):
-            dq, dk, dv = acc
-            row = pl.ds(start + u, 1)
-            mask_q = _column_mask(a, u, strict=strict_q)
-            mask_kv = _column_mask(a, u, strict=strict_kv)
-            v_u, do_u = v_ref[row, :].astype(f32), do_ref[row, :].astype(f32)
-            dq = dq + jnp.sum(do32 * mask_q * v_u, axis=1)[:, None] * k_ref[row, :].astype(f32)
-            weights = mask_kv * do_u  # [t, v]: M_utv do_uv
-            dk = dk + jnp.sum(v32 * weights, axis=1)[:, None] * q_ref[row, :].astype(f32)
-            return dq, dk, dv + _column(scores, u)[:, None] * weights
-
-        dq, dk, dv = jax.lax.fori_loop(0, CHUNK, partner, (dq, dk, dv))
-        dq_ref[rows, :] = dq
-        dk_ref[rows, :] = dk
-        dv_ref[rows, :] = dv
-        to_end = jnp.exp(_segments_after(a))
-        decay = jnp.exp(jnp.sum(a, axis=0))[None, :]
-        s_kv = decay * s_kv + _dot(k32, v32 * to_end, trans_a=True)
-        s_qo = decay * s_qo + _dot(q32, do32 * to_end, trans_a=True)
-        return s_kv, s_qo
-
-    zeros = jnp.zeros((q_ref.shape[1], v_ref.shape[1]), f32)
-    jax.lax.fori_loop(0, num_chunks, chunk_body, (zeros, zeros))
+    dq, dk, dv = jax.lax.fori_loop(0, CHUNK, partner, (dq, dk, dv))
+    dq_ref[...] = dq
+    dk_ref[...] = dk
+    dv_ref[...] = dv
 
 
 def _layout(q, v):
@@ -179,43 +170,68 @@ def _params(q):
     return precision, pltriton.CompilerParams(num_warps=4, num_stages=1)
 
 
-def _specs(L, kp, bv):
-    keys = pl.BlockSpec((None, L, None, kp), lambda b, h, j: (b, 0, h, 0))
-    cols = pl.BlockSpec((None, L, None, bv), lambda b, h, j: (b, 0, h, j))
-    per_block = pl.BlockSpec((None, L, None, kp), lambda b, h, j: (b, 0, h, j))
-    return keys, cols, per_block
+def _specs(kp, bv):
+    """Per-chunk block specs of a (b, h, chunk n, V-block j) grid: ``[C, Kp]`` rows, ``[C, BV]``
+    columns, ``[C, Kp]`` rows of a V-block's own partial sum, ``[Kp, BV]`` states."""
+    keys = pl.BlockSpec((None, CHUNK, None, kp), lambda b, h, n, j: (b, n, h, 0))
+    cols = pl.BlockSpec((None, CHUNK, None, bv), lambda b, h, n, j: (b, n, h, j))
+    per_block = pl.BlockSpec((None, CHUNK, None, kp), lambda b, h, n, j: (b, n, h, j))
+    states = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, n, j: (b, h, n, 0, j))
+    return keys, cols, per_block, states
+
+
+def _entering_states(k, v, g, *, interpret):
+    """The forward walk's state entering each chunk, ``sum_{j < chunk} k_j (v_j * exp(A - A_j))``,
+    ``[B, H, N, Kp, Vp]`` float32: each chunk's own state in parallel, then
+    ``per_feature.prefix_states`` walks the chunks."""
+    B, L, H, kp = k.shape
+    _, bv, vp = _layout(k, v)
+    N = L // CHUNK
+    keys, cols, _, states = _specs(kp, bv)
+    own = pl.pallas_call(
+        _states_kernel, grid=(B, H, N, vp // bv), in_specs=[keys, cols, cols], out_specs=states,
+        out_shape=jax.ShapeDtypeStruct((B, H, N, kp, vp), jnp.float32),
+        compiler_params=_params(k)[1], interpret=interpret, name="lion_value_decay_states",
+    )(k, v, g)
+    decay = jnp.exp(jnp.sum(g.reshape(B, N, CHUNK, H, vp), axis=2))  # [B, N, H, Vp]
+    decay = jnp.transpose(decay, (0, 2, 1, 3))[:, :, :, None, :]
+    entering, _ = prefix_states(own, decay, None, reverse=False, block_v=bv,
+                                interpret=interpret)
+    return entering
 
 
 def _forward_scan(q, k, v, g, *, strict, interpret):
     """Padded inputs (L a multiple of 16, K = Kp, V a multiple of BV) -> ``[B, L, H, V]`` float32."""
     B, L, H, kp = q.shape
     _, bv, vp = _layout(q, v)
-    keys, cols, _ = _specs(L, kp, bv)
+    keys, cols, _, states = _specs(kp, bv)
     precision, params = _params(q)
-    kernel = functools.partial(_forward_kernel, num_chunks=L // CHUNK, strict=strict,
-                               precision=precision)
     return pl.pallas_call(
-        kernel, grid=(B, H, vp // bv), in_specs=[keys, keys, cols, cols], out_specs=cols,
-        out_shape=jax.ShapeDtypeStruct((B, L, H, vp), jnp.float32), compiler_params=params,
-        interpret=interpret, name="lion_value_decay_scan")(q, k, v, g)
+        functools.partial(_forward_kernel, strict=strict, precision=precision),
+        grid=(B, H, L // CHUNK, vp // bv), in_specs=[keys, keys, cols, cols, states],
+        out_specs=cols, out_shape=jax.ShapeDtypeStruct((B, L, H, vp), jnp.float32),
+        compiler_params=params, interpret=interpret, name="lion_value_decay_scan",
+    )(q, k, v, g, _entering_states(k, v, g, interpret=interpret))
 
 
 def _backward_scan(q, k, v, do, g, *, strict_q, strict_kv, interpret):
     """Padded inputs -> ``(dq, dk [B, L, H, Kp], dv [B, L, H, Vp])`` float32 of one walk."""
     B, L, H, kp = q.shape
     _, bv, vp = _layout(q, v)
-    keys, cols, per_block = _specs(L, kp, bv)
+    keys, cols, per_block, states = _specs(kp, bv)
     blocks = vp // bv
     precision, params = _params(q)
-    kernel = functools.partial(_backward_kernel, num_chunks=L // CHUNK, strict_q=strict_q,
-                               strict_kv=strict_kv, precision=precision)
+    kernel = functools.partial(_backward_kernel, strict_q=strict_q, strict_kv=strict_kv,
+                               precision=precision)
     dq, dk, dv = pl.pallas_call(
-        kernel, grid=(B, H, blocks), in_specs=[keys, keys, cols, cols, cols],
+        kernel, grid=(B, H, L // CHUNK, blocks),
+        in_specs=[keys, keys, cols, cols, cols, states, states],
         out_specs=[per_block, per_block, cols],
         out_shape=[jax.ShapeDtypeStruct((B, L, H, blocks * kp), jnp.float32)] * 2
         + [jax.ShapeDtypeStruct((B, L, H, vp), jnp.float32)],
         compiler_params=params, interpret=interpret, name="lion_value_decay_grads",
-    )(q, k, v, do, g)
+    )(q, k, v, do, g, _entering_states(k, v, g, interpret=interpret),
+      _entering_states(q, do, g, interpret=interpret))
     fold = lambda x: x.reshape(B, L, H, blocks, kp).sum(axis=3)  # noqa: E731
     return fold(dq), fold(dk), dv
 
