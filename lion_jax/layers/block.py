@@ -30,8 +30,8 @@ def make_mixer(kind: str, **kwargs) -> nn.Module:
 class ResidualBlock(nn.Module):
     """Pre-norm residual block ``[B, L, D] -> [B, L, D]``::
 
-        x = x + Dropout(Mixer(Norm(x), mask))
-        x = x + Dropout(Mlp(Norm(x)))
+        x = x + DropPath(Dropout(Mixer(Norm(x), mask)))
+        x = x + DropPath(Dropout(Mlp(Norm(x))))
 
     Attributes:
       mixer: keyword arguments of the mixer (``num_heads``, ``head_dim``, ``variant``,
@@ -40,6 +40,8 @@ class ResidualBlock(nn.Module):
       mixer_kind: a key of :data:`MIXERS` (``"lion"``: :class:`LionAttention`,
         ``"softmax"``: :class:`SoftmaxAttention`).
       dropout: rate of the residual-branch dropouts and the MLP's inner dropout.
+      drop_path: stochastic depth: the rate at which a residual branch is dropped for a whole
+        example in training (the kept ones scaled by ``1 / (1 - rate)``).
       norm: ``"layernorm"`` or ``"rmsnorm"``.
       dtype, param_dtype: compute and parameter dtypes.
     """
@@ -48,6 +50,7 @@ class ResidualBlock(nn.Module):
     mlp_dim: int
     mixer_kind: str = "lion"
     dropout: float = 0.0
+    drop_path: float = 0.0
     norm: str = "layernorm"
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -60,13 +63,27 @@ class ResidualBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None, *,
-                 deterministic: bool = True) -> jnp.ndarray:
-        """``x [B, L, D]``, ``mask [B, L]`` bool (True = real token) -> ``[B, L, D]``."""
+                 deterministic: bool = True, orders=None) -> jnp.ndarray:
+        """``x [B, L, D]``, ``mask [B, L]`` bool (True = real token) -> ``[B, L, D]``;
+        ``orders``: token orders for a LION mixer (:class:`LionAttention`), else None."""
         dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+
+        def branch(h):  # dropout, then drop the whole branch of an example (stochastic depth)
+            h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
+            return nn.Dropout(self.drop_path, broadcast_dims=(1, 2))(
+                h, deterministic=deterministic)
+
         h = make_norm(self.norm, **dtypes, name="mixer_norm")(x)
-        h = MIXERS[self.mixer_kind](**self.mixer, **dtypes, name="mixer")(h, mask)
-        x = x + nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        mixer = MIXERS[self.mixer_kind](**self.mixer, **dtypes, name="mixer")
+        if orders is not None:
+            if self.mixer_kind != "lion":
+                raise ValueError(f"token orders are for the LION mixer; got mixer_kind="
+                                 f"{self.mixer_kind!r}, whose output does not depend on them")
+            h = mixer(h, mask, orders=orders)
+        else:
+            h = mixer(h, mask)
+        x = x + branch(h)
         h = make_norm(self.norm, **dtypes, name="mlp_norm")(x)
         h = Mlp(self.mlp_dim, dropout=self.dropout, **dtypes, name="mlp")(
             h, deterministic=deterministic)
-        return x + nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        return x + branch(h)

@@ -8,6 +8,7 @@ sequence, bidirectional mask ``M_ij = exp(-|A_i - A_j|)`` (causal: ``exp(A_i - A
 scores ``s_ij = phi(q_i) . phi(k_j)``.
 """
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -75,6 +76,20 @@ def zoh_value_scales(log_decays: np.ndarray) -> np.ndarray:
     """
     eigenvalues = -np.arange(1, log_decays.shape[-1] + 1, dtype=np.float64)
     return np.expm1(log_decays) / eigenvalues
+
+
+def _mix_in_orders(op, orders, q, k, v, log_decay, *, kwargs):
+    """``op(..., normalize=False)`` on the tokens as they are (``orders`` None), or averaged
+    over running it on the tokens permuted by each order (the output put back in place)."""
+    if orders is None:
+        return op(q, k, v, log_decay, normalize=False, **kwargs)
+    total = 0.0
+    for order in orders:
+        order = np.asarray(order)
+        take = lambda t: None if t is None else jnp.take(t, order, axis=1)  # noqa: E731
+        y = op(take(q), take(k), take(v), take(log_decay), normalize=False, **kwargs)
+        total = total + jnp.take(y, np.argsort(order), axis=1).astype(jnp.float32)
+    return total / len(orders)
 
 
 def _constant_init(values: np.ndarray):
@@ -354,15 +369,16 @@ class LionAttention(nn.Module):
             return nn.initializers.lecun_normal()(key, shape, dtype) * jnp.asarray(scales, dtype)
         return init
 
-    def _mix(self, q, k, v, log_decay, value_scale):
+    def _mix(self, q, k, v, log_decay, value_scale, orders):
         """The op call: ``q, k [B, L, H, K]``, ``v [B, L, H, V]``, ``log_decay`` None,
         ``[B, L, H]`` or ``[B, L, H, V]``, ``value_scale`` None or ``[B, L, H, V]`` (a key scale
-        per value column) ``-> [B, L, H, V]``."""
+        per value column), ``orders`` None or token permutations (see :meth:`__call__`)
+        ``-> [B, L, H, V]``."""
         op = ops.causal_linear_attention if self.causal else ops.lion_attention
         kwargs = dict(impl=self.impl, chunk_size=self.chunk_size, eps=self.eps)
         if self.centre_values:  # checked in __post_init__: bidirectional and normalised
             kwargs["centre_values"] = True
-        plain = self.variant != "xlstm" and not self.normalize_unmasked
+        plain = self.variant != "xlstm" and not self.normalize_unmasked and orders is None
         if plain and (value_scale is None or not self.scaled):
             if value_scale is not None:
                 v = v * value_scale.astype(v.dtype)
@@ -375,25 +391,35 @@ class LionAttention(nn.Module):
                    else value_scale.astype(dtype))
         if value_scale is not None:
             v = v * value_scale.astype(v.dtype)
+        mix = functools.partial(_mix_in_orders, op, orders, kwargs=kwargs)
         if self.normalize_unmasked:  # checked in __post_init__: bidirectional and normalised
-            num = op(q, k, v, log_decay, normalize=False, **kwargs).astype(dtype)
+            num = mix(q, k, v, log_decay).astype(dtype)
             k_sum = jnp.einsum("bjhk,bjhw->bhkw", k.astype(dtype), weights)
             den = jnp.einsum("blhk,bhkw->blhw", q.astype(dtype), k_sum)
             return (num / (den + self.eps)).astype(v.dtype)
         if log_decay is not None and log_decay.ndim == 4:
             log_decay = jnp.concatenate([log_decay, log_decay], axis=-1)
             weights = jnp.broadcast_to(weights, v.shape)
-        out = op(q, k, jnp.concatenate([v, weights.astype(v.dtype)], axis=-1), log_decay,
-                 normalize=False, **kwargs).astype(dtype)
+        out = mix(q, k, jnp.concatenate([v, weights.astype(v.dtype)], axis=-1),
+                  log_decay).astype(dtype)
         V = v.shape[-1]
         num, den = out[..., :V], out[..., V:]
         if self.variant == "xlstm":
             return (num / jnp.maximum(den, 1.0)).astype(v.dtype)
+        if not self.scaled:
+            return num.astype(v.dtype)
         return (num / (den + self.eps)).astype(v.dtype)
 
     @nn.compact
-    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None,
+                 orders=None) -> jnp.ndarray:
         """Mixes the tokens of ``x [B, L, D]``; ``mask [B, L]`` bool, True = real token.
+
+        ``orders``: None, or a sequence of permutations of the L tokens (int arrays ``[L]``,
+        e.g. the patch orders of :func:`lion_jax.models.vit.token_orders`): the mask is then
+        the average of the masks the decays build along each order (LION-S v2, paper C.8: the
+        reference averages the masks), i.e. the op runs once per order on the permuted tokens
+        and numerators and denominators are averaged before SCALE.
 
         Sows ``(q, k, v, log_decay, key_scale)`` into the ``'intermediates'`` collection as
         ``mixer_inputs``: ``q, k [B, L, H, K]`` (>= float32) after the feature map and the
@@ -433,7 +459,7 @@ class LionAttention(nn.Module):
         elif key_scale is not None:
             k = k * key_scale[..., None]
         y = self._mix(q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay,
-                      value_scale)
+                      value_scale, orders)
 
         if self.use_output_norm:
             y = nn.LayerNorm(

@@ -1,5 +1,6 @@
 """Task models built from :mod:`lion_jax.layers`."""
 
 from lion_jax.models.classifier import DualEncoderClassifier, SequenceClassifier
+from lion_jax.models.vit import VisionTransformer
 
-__all__ = ["DualEncoderClassifier", "SequenceClassifier"]
+__all__ = ["DualEncoderClassifier", "SequenceClassifier", "VisionTransformer"]
