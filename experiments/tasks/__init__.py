@@ -12,7 +12,8 @@ import jax
 
 from experiments.errors import UserError
 
-TASKS = {"classification": "experiments.tasks.classification:ClassificationTask"}
+TASKS = {"classification": "experiments.tasks.classification:ClassificationTask",
+         "vision": "experiments.tasks.vision:VisionTask"}
 
 
 class Task(Protocol):

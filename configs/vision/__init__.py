@@ -1,0 +1,1 @@
+"""Vision configs: LION ViTs and the ViT baseline (one file per dataset)."""
