@@ -63,6 +63,16 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
         return restored.state, restored.meta
 
+    def restore_best_params(self):
+        """``(step, params)`` of the best checkpoint, params as host arrays in the structure
+        they were saved with; None when there is no best checkpoint."""
+        step = self._best.latest_step()
+        if step is None:
+            return None
+        restored = self._best.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore()))
+        return step, restored.state["params"]
+
     def close(self):
         """Waits for pending saves and releases the managers."""
         for manager in (self._latest, self._best):

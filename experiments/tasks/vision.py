@@ -85,10 +85,11 @@ class VisionTask:
             raise UserError(f"config.label_smoothing must be in [0, 1); got "
                             f"{self.label_smoothing}")
         self.num_classes = info["num_classes"]
-        self._image_shape = self.splits["train"]["images"].shape[1:]
+        self._image_shape = next(iter(self.splits.values()))["images"].shape[1:]
         model_kwargs = config.model.to_dict()
         for key in ("dtype", "param_dtype"):
             model_kwargs[key] = jnp.dtype(model_kwargs[key])
+        model_kwargs["orders"] = tuple(model_kwargs.get("orders", ("raster",)))  # JSON: a list
         if model_kwargs.get("pos_emb") == "learned" and not model_kwargs.get("image_size"):
             model_kwargs["image_size"] = self._image_shape[0]
         try:
