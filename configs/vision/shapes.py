@@ -50,7 +50,7 @@ def get_config(arg=None):
 
     steps_per_epoch = TRAIN_SIZE // BATCH_SIZE
     c.batch_size = BATCH_SIZE
-    c.eval_batch_size = 500
+    c.eval_batch_size = 512
     c.num_train_steps = 30 * steps_per_epoch
     c.optim.learning_rate = 1e-3
     c.optim.warmup_steps = 2 * steps_per_epoch
@@ -75,7 +75,7 @@ def get_config(arg=None):
                        dtype="float32")
         c.model.drop_path = 0.0
         c.label_smoothing = 0.0
-        c.batch_size, c.eval_batch_size = 64, 250
+        c.batch_size, c.eval_batch_size = 64, 256
         c.num_train_steps = 600
         c.optim.learning_rate = 2e-3
         c.optim.warmup_steps = 50
