@@ -173,6 +173,12 @@ def lra_tiny(c):
     small by the config)."""
     c.model.update(d_model=16, num_layers=1, num_heads=2, mlp_dim=32, dtype="float32")
     c.model.mixer.chunk_size = 8
+    return tiny_training(c)
+
+
+def tiny_training(c):
+    """The training part of every ``tiny`` variant: 4 steps of 8 examples, evaluation and a
+    checkpoint every 2 steps, no progress bar."""
     c.batch_size = c.eval_batch_size = 8
     c.num_train_steps = 4
     c.optim.warmup_steps = 1

@@ -93,9 +93,4 @@ def tiny(c):
     c.data.update(num_train=40, num_val=10, num_test=10, resolution=16)
     c.model.update(patch_size=4, d_model=16, num_layers=1, num_heads=2, mlp_dim=32,
                    dtype="float32")
-    c.batch_size = c.eval_batch_size = 8
-    c.num_train_steps = 4
-    c.optim.warmup_steps = 1
-    c.log_every = c.eval_every = c.checkpoint_every = 2
-    c.progress_bar = False
-    return c
+    return common.tiny_training(c)

@@ -315,7 +315,7 @@ def load_shapes(*, num_train, num_val, num_test, resolution, seed=0, cache_dir=N
       num_train, num_val, num_test: split sizes, non-negative ints (not all zero).
       resolution: image side R, >= MIN_RESOLUTION.
       seed: non-negative int.
-      cache_dir: None (draw every time, printing nothing), or a directory (`~` expanded):
+      cache_dir: None or "" (draw every time, printing nothing), or a directory (`~` expanded):
         the splits are drawn once, stored in an npz named after every setting and _VERSION,
         and read from it afterwards.
 
@@ -332,7 +332,7 @@ def load_shapes(*, num_train, num_val, num_test, resolution, seed=0, cache_dir=N
     _check_int("resolution", resolution, MIN_RESOLUTION)
     _check_int("seed", seed, 0)
     sizes, resolution, seed = {k: int(v) for k, v in sizes.items()}, int(resolution), int(seed)
-    if cache_dir is None:
+    if not cache_dir:
         arrays = _generate(sizes, resolution, seed)
     else:
         name = (f"shapes_v{_VERSION}_r{resolution}_seed{seed}_train{sizes['train']}_"

@@ -6,6 +6,7 @@ else (optimisation, sharding, masking and averaging, evaluation, checkpoints, lo
 """
 
 import importlib
+import os
 from typing import Any, Iterator, Protocol
 
 import jax
@@ -41,6 +42,29 @@ class Task(Protocol):
 
     def summary(self) -> dict[str, float]:
         """Extra numbers for the final summary (e.g. a baseline accuracy)."""
+
+
+def load_dataset(datasets, data_config):
+    """``({split: arrays}, info)`` from the loader ``datasets[config.data.name]``, called with
+    the other keys of ``config.data`` (``~`` expanded in ``data_dir`` and ``cache_dir``).
+
+    Raises:
+      UserError: an unknown dataset, bad settings, or data that is not there.
+    """
+    kwargs = data_config.to_dict()
+    name = kwargs.pop("name")
+    if name not in datasets:
+        raise UserError(f"unknown dataset config.data.name={name!r} (known: "
+                        f"{', '.join(datasets)})")
+    for key in ("data_dir", "cache_dir"):
+        if kwargs.get(key):
+            kwargs[key] = os.path.expanduser(kwargs[key])
+    try:
+        return datasets[name](**kwargs)
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from e
+    except (TypeError, ValueError) as e:
+        raise UserError(f"bad {name} settings in config.data: {e}") from e
 
 
 def get_task(config):

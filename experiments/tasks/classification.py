@@ -14,23 +14,15 @@ line naming it, before anything is compiled.
 Loss: softmax cross-entropy; metrics: loss, accuracy.
 """
 
-import os
-
 import jax.numpy as jnp
 import optax
 
 from experiments.data.listops import majority_class_rate
 from experiments.data.pipeline import BatchIterator
 from experiments.errors import UserError
+from experiments.tasks import load_dataset
 
 SPLITS = ("train", "val", "test")
-
-
-def _expand(kwargs, *keys):
-    for key in keys:
-        if key in kwargs:
-            kwargs[key] = os.path.expanduser(kwargs[key])
-    return kwargs
 
 
 def _listops(source, data_dir, **kwargs):
@@ -90,32 +82,13 @@ DATASETS = {"listops": _listops, "text": _text, "retrieval": _retrieval, "image"
             "pathfinder": _pathfinder}
 
 
-def load_dataset(data_config):
-    """``({split: arrays}, info)`` of ``config.data``; info: vocab_size, num_classes, pad_id.
-
-    Raises:
-      UserError: an unknown dataset, bad settings, or data that is not there.
-    """
-    kwargs = data_config.to_dict()
-    name = kwargs.pop("name")
-    if name not in DATASETS:
-        raise UserError(f"unknown dataset config.data.name={name!r} (known: "
-                        f"{', '.join(DATASETS)})")
-    try:
-        return DATASETS[name](**_expand(kwargs, "data_dir", "cache_dir"))
-    except FileNotFoundError as e:
-        raise UserError(str(e)) from e
-    except (TypeError, ValueError) as e:
-        raise UserError(f"bad {name} settings in config.data: {e}") from e
-
-
 class ClassificationTask:
     """The classification task (see the module docstring and experiments/tasks/__init__.py)."""
 
     def __init__(self, config):
         from lion_jax.models import DualEncoderClassifier, SequenceClassifier
 
-        self.splits, info = load_dataset(config.data)
+        self.splits, info = load_dataset(DATASETS, config.data)
         self.eval_splits = tuple(config.eval_splits)
         for split in self.eval_splits:
             if split not in self.splits:

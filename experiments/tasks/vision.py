@@ -16,43 +16,18 @@ a random horizontal flip per image. Loss: softmax cross-entropy with
 ``config.label_smoothing``; metrics: loss, accuracy (of the unsmoothed labels).
 """
 
-import os
-
 import jax
 import jax.numpy as jnp
 import optax
 
 from experiments.data.listops import majority_class_rate
 from experiments.data.pipeline import BatchIterator
+from experiments.data.shapes import load_shapes
 from experiments.errors import UserError
+from experiments.tasks import load_dataset
 
 
-def _shapes(cache_dir="", **kwargs):
-    from experiments.data.shapes import load_shapes
-    return load_shapes(cache_dir=os.path.expanduser(cache_dir) if cache_dir else None,
-                       **kwargs)
-
-
-DATASETS = {"shapes": _shapes}
-
-
-def load_dataset(data_config):
-    """``({split: arrays}, info)`` of ``config.data``; info has ``num_classes``.
-
-    Raises:
-      UserError: an unknown dataset, bad settings, or data that is not there.
-    """
-    kwargs = data_config.to_dict()
-    name = kwargs.pop("name")
-    if name not in DATASETS:
-        raise UserError(f"unknown dataset config.data.name={name!r} (known: "
-                        f"{', '.join(DATASETS)})")
-    try:
-        return DATASETS[name](**kwargs)
-    except FileNotFoundError as e:
-        raise UserError(str(e)) from e
-    except (TypeError, ValueError) as e:
-        raise UserError(f"bad {name} settings in config.data: {e}") from e
+DATASETS = {"shapes": load_shapes}
 
 
 def normalise(images):
@@ -73,7 +48,7 @@ class VisionTask:
     def __init__(self, config):
         from lion_jax.models import VisionTransformer
 
-        self.splits, info = load_dataset(config.data)
+        self.splits, info = load_dataset(DATASETS, config.data)
         self.eval_splits = tuple(config.eval_splits)
         for split in self.eval_splits:
             if split not in self.splits:

@@ -11,6 +11,8 @@ from lion_jax.layers.norms import check_norm, make_norm
 from lion_jax.layers.softmax import SoftmaxAttention
 
 MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention}
+# set by the model that holds the mixer, never in its ``mixer`` keyword arguments
+RESERVED_MIXER_KEYS = ("num_heads", "head_dim", "dtype", "param_dtype")
 
 
 def make_mixer(kind: str, **kwargs) -> nn.Module:
@@ -25,6 +27,30 @@ def make_mixer(kind: str, **kwargs) -> nn.Module:
         return MIXERS[kind](**kwargs)
     except TypeError as e:  # an unknown keyword argument
         raise ValueError(f"{kind} mixer: {e}".replace("__init__() ", "")) from None
+
+
+def model_mixer_kwargs(owner: str, kind: str, mixer: Mapping[str, Any], *, d_model: int,
+                       num_heads: int, head_dim: int | None) -> dict:
+    """The keyword arguments of a model's mixer: ``mixer`` plus ``num_heads`` and ``head_dim``
+    (None = ``d_model // num_heads``), checked by building the mixer now.
+
+    Raises:
+      ValueError: in one line naming the problem (``owner`` is the model's name).
+    """
+    reserved = sorted(set(mixer) & set(RESERVED_MIXER_KEYS))
+    if reserved:
+        raise ValueError(f"set {reserved} on {owner}, not in mixer")
+    if head_dim is None and d_model % num_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}; set "
+                         "head_dim")
+    if kind not in MIXERS:
+        raise ValueError(f"unknown mixer_kind {kind!r}; valid: {list(MIXERS)}")
+    kwargs = dict(num_heads=num_heads, head_dim=head_dim or d_model // num_heads, **mixer)
+    try:
+        make_mixer(kind, parent=None, **kwargs)  # unbound: a check, not a submodule
+    except ValueError as e:
+        raise ValueError(f"mixer: {e}") from None
+    return kwargs
 
 
 class ResidualBlock(nn.Module):

@@ -7,14 +7,13 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 from flax.linen.linear import default_embed_init
 
-from lion_jax.layers.block import MIXERS, ResidualBlock, make_mixer
+from lion_jax.layers.block import ResidualBlock, model_mixer_kwargs
 from lion_jax.layers.embed import OneHotEmbed
 from lion_jax.layers.norms import check_norm, make_norm
 
 POOLINGS = ("mean", "cls", "last")
 POS_EMBS = ("none", "learned", "sinusoidal")
 INPUT_ENCODINGS = ("embed", "pixels")
-_RESERVED_MIXER_KEYS = ("num_heads", "head_dim", "dtype", "param_dtype")
 
 
 def sinusoidal_embedding(length: int, features: int) -> jnp.ndarray:
@@ -88,27 +87,17 @@ class SequenceClassifier(nn.Module):
             raise ValueError(f"unknown pos_emb {self.pos_emb!r}; valid: {list(POS_EMBS)}")
         if self.pos_emb == "learned" and not self.max_len:
             raise ValueError("pos_emb='learned' needs max_len")
-        if self.head_dim is None and self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by num_heads="
-                             f"{self.num_heads}; set head_dim")
         if self.input_encoding not in INPUT_ENCODINGS:
             raise ValueError(f"unknown input_encoding {self.input_encoding!r}; valid: "
                              f"{list(INPUT_ENCODINGS)}")
-        reserved = sorted(set(self.mixer) & set(_RESERVED_MIXER_KEYS))
-        if reserved:
-            raise ValueError(f"set {reserved} on SequenceClassifier, not in mixer")
         check_norm(self.norm)
-        if self.mixer_kind not in MIXERS:
-            raise ValueError(f"unknown mixer_kind {self.mixer_kind!r}; valid: {list(MIXERS)}")
-        try:  # fails now on a bad key or value
-            make_mixer(self.mixer_kind, **self._mixer_kwargs())
-        except ValueError as e:
-            raise ValueError(f"mixer: {e}") from None
+        self._mixer_kwargs()  # fails now on a bad key or value
         super().__post_init__()
 
     def _mixer_kwargs(self):
-        head_dim = self.head_dim or self.d_model // self.num_heads
-        return dict(num_heads=self.num_heads, head_dim=head_dim, **self.mixer)
+        return model_mixer_kwargs("SequenceClassifier", self.mixer_kind, self.mixer,
+                                  d_model=self.d_model, num_heads=self.num_heads,
+                                  head_dim=self.head_dim)
 
     @nn.compact
     def __call__(self, tokens: jnp.ndarray, *, train: bool,

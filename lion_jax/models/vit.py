@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.core import FrozenDict
 
-from lion_jax.layers.block import MIXERS, ResidualBlock, make_mixer
+from lion_jax.layers.block import ResidualBlock, model_mixer_kwargs
 from lion_jax.layers.norms import check_norm, make_norm
 
 # ViT/DeiT sizes (Dosovitskiy et al.; Touvron et al.): width, depth, heads; MLP 4x width.
@@ -41,7 +41,6 @@ VIT_SIZES = {
 PATCH_ORDERS = ("raster", "row_snake", "col_snake")
 POOLINGS = ("cls", "mean")
 POS_EMBS = ("none", "learned")
-_RESERVED_MIXER_KEYS = ("num_heads", "head_dim", "dtype", "param_dtype")
 
 
 def vit_size(name: str) -> dict:
@@ -141,26 +140,16 @@ class VisionTransformer(nn.Module):
                              f"{self.patch_size}")
         if self.patch_size < 1:
             raise ValueError(f"patch_size must be positive; got {self.patch_size}")
-        if self.head_dim is None and self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by num_heads="
-                             f"{self.num_heads}; set head_dim")
         if not 0.0 <= self.drop_path < 1.0:
             raise ValueError(f"drop_path must be in [0, 1); got {self.drop_path}")
-        reserved = sorted(set(self.mixer) & set(_RESERVED_MIXER_KEYS))
-        if reserved:
-            raise ValueError(f"set {reserved} on VisionTransformer, not in mixer")
         check_norm(self.norm)
-        if self.mixer_kind not in MIXERS:
-            raise ValueError(f"unknown mixer_kind {self.mixer_kind!r}; valid: {list(MIXERS)}")
-        try:  # fails now on a bad key or value
-            make_mixer(self.mixer_kind, **self._mixer_kwargs())
-        except ValueError as e:
-            raise ValueError(f"mixer: {e}") from None
+        self._mixer_kwargs()  # fails now on a bad key or value
         super().__post_init__()
 
     def _mixer_kwargs(self):
-        head_dim = self.head_dim or self.d_model // self.num_heads
-        return dict(num_heads=self.num_heads, head_dim=head_dim, **self.mixer)
+        return model_mixer_kwargs("VisionTransformer", self.mixer_kind, self.mixer,
+                                  d_model=self.d_model, num_heads=self.num_heads,
+                                  head_dim=self.head_dim)
 
     def _positions(self, rows, cols):
         """The learned positional embedding for a ``rows x cols`` grid, ``[rows * cols, D]``."""
