@@ -27,11 +27,16 @@ from experiments.tasks import get_task
 from experiments.trainer import _averages, make_eval_step
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Workdir of a finished (or running) vision run.")
-flags.DEFINE_list("resolutions", None, "Image sides to evaluate at, e.g. 32,48,64.")
-flags.DEFINE_string("split", "test", "Split to evaluate.")
-flags.DEFINE_integer("batch_size", 250, "Evaluation batch size.")
-flags.DEFINE_string("output", None, "Also write the table as Markdown to this file.")
+
+
+def define_flags():
+    """The command line's flags; defined only when run as a program, so that importing this
+    module (tests, notebooks) does not clash with other programs' flags of the same name."""
+    flags.DEFINE_string("workdir", None, "Workdir of a finished (or running) vision run.")
+    flags.DEFINE_list("resolutions", None, "Image sides to evaluate at, e.g. 32,48,64.")
+    flags.DEFINE_string("split", "test", "Split to evaluate.")
+    flags.DEFINE_integer("batch_size", 250, "Evaluation batch size.")
+    flags.DEFINE_string("output", None, "Also write the table as Markdown to this file.")
 
 
 def load_run(workdir):
@@ -117,4 +122,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
