@@ -44,13 +44,23 @@ class Task(Protocol):
         """Extra numbers for the final summary (e.g. a baseline accuracy)."""
 
 
-def load_dataset(datasets, data_config):
+def load_dataset(datasets, data_config, eval_splits=()):
     """``({split: arrays}, info)`` from the loader ``datasets[config.data.name]``, called with
     the other keys of ``config.data`` (``~`` expanded in ``data_dir`` and ``cache_dir``).
 
     Raises:
-      UserError: an unknown dataset, bad settings, or data that is not there.
+      UserError: an unknown dataset, bad settings, data that is not there, or one of
+        ``eval_splits`` (``config.eval_splits``) missing from the data.
     """
+    splits, info = _load(datasets, data_config)
+    for split in eval_splits:
+        if split not in splits:
+            raise UserError(f"config.eval_splits has {split!r}; the dataset has "
+                            f"{', '.join(splits)}")
+    return splits, info
+
+
+def _load(datasets, data_config):
     kwargs = data_config.to_dict()
     name = kwargs.pop("name")
     if name not in datasets:

@@ -88,12 +88,8 @@ class ClassificationTask:
     def __init__(self, config):
         from lion_jax.models import DualEncoderClassifier, SequenceClassifier
 
-        self.splits, info = load_dataset(DATASETS, config.data)
         self.eval_splits = tuple(config.eval_splits)
-        for split in self.eval_splits:
-            if split not in self.splits:
-                raise UserError(f"config.eval_splits has {split!r}; the dataset has "
-                                f"{', '.join(self.splits)}")
+        self.splits, info = load_dataset(DATASETS, config.data, self.eval_splits)
         self.pair = "tokens1" in self.splits["train"]
         self._inputs_keys = ("tokens1", "tokens2") if self.pair else ("tokens",)
         model_kwargs = config.model.to_dict()

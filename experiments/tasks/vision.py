@@ -48,12 +48,8 @@ class VisionTask:
     def __init__(self, config):
         from lion_jax.models import VisionTransformer
 
-        self.splits, info = load_dataset(DATASETS, config.data)
         self.eval_splits = tuple(config.eval_splits)
-        for split in self.eval_splits:
-            if split not in self.splits:
-                raise UserError(f"config.eval_splits has {split!r}; the dataset has "
-                                f"{', '.join(self.splits)}")
+        self.splits, info = load_dataset(DATASETS, config.data, self.eval_splits)
         self.flip = bool(config.augment.flip)
         self.label_smoothing = float(config.label_smoothing)
         if not 0.0 <= self.label_smoothing < 1.0:
