@@ -7,15 +7,22 @@ scores ``q_i . k_j``. SCALE is the caller's: ``lion_jax.ops.lion_attention`` run
 ``[v | 1]`` with the decays doubled, so every denominator has its column's decay.
 
 Forward. ``y = F + B``: ``F`` the inclusive forward scan (``j <= i``), ``B`` the strict reverse
-one (``j > i``). A scan takes three passes over chunks of 16 tokens: each chunk's own state
-``k^T (v * exp(tail))`` (decaying column-wise) in parallel, ``per_feature.prefix_states``
-walking the chunks for the state entering each, and the outputs of every chunk in parallel
-(:func:`_forward_kernel`, one program per (batch, head, chunk, block of value columns)). The
-reverse scan is the forward one on the flipped sequence with the log-decays shifted by one token
-(the backward recurrence decays on leaving a token). Within a chunk every key column ``j`` gets
-its mask ``exp(sum_{j < s <= i} a_s) [C, BV]`` from a cumulative sum of its own segment (never a
-difference of cumulative sums, never a positive exponent), so any log-decay (e.g. -20 per
-token) is exact to rounding.
+one (``j > i``). Both are the paper's recurrence walked token by token (:func:`_forward_kernel`,
+one program per (direction, batch, head, block of value columns), the two directions side by
+side in one launch):
+
+    S <- S * exp(a)[None, :]   (arriving at token t: a_t walking forward, a_{t+1} in reverse)
+    F_t = q_t^T S + (q_t . k_t) v_t,   S <- S + k_t v_t^T     (forward, inclusive)
+    B_t = q_t^T S,                     S <- S + k_t v_t^T     (reverse, strict)
+
+with the state ``S [K, BV]`` in float32 registers. Each column's decay multiplies its state
+column once per token, so every factor is in [0, 1] (any log-decay, e.g. -20 per token, is
+exact to rounding, with no exponent of a difference of cumulative sums) and nothing per chunk
+is stored. Why a token walk and not chunks: with a decay per value column the within-chunk
+part is C^2 V masks and no matmul (the chunked kernels this replaced ran 4.5 ms forward and
+13.4 ms forward + backward at ListOps' shape on an H100, where prefix walks of the per-chunk
+states alone took a third of the training step), while a head's state is small (``K x V``,
+16 x 32 in the LRA models), so one token costs a few hundred register operations per program.
 
 Backward, with ``do = dL/dy`` and ``P_ij = sum_v do_iv M_ijv v_jv``:
 
@@ -23,16 +30,12 @@ Backward, with ``do = dL/dy`` and ``P_ij = sum_v do_iv M_ijv v_jv``:
     dA_t = do_t * (F_t - B_t) - v_t * (dvF_t - dvB_t),   d log_decay = reverse cumsum of dA,
 
 where ``dvF`` sums the queries ``i >= t`` and ``dvB`` those ``i < t`` (the diagonal's terms
-cancel in dA, whose query and key parts both hold it). Two scans (:func:`_backward_kernel`,
-chunk-parallel like the forward's) compute everything but dA: forward with the ``j <= i``
-pairs for dq and the ``i < j`` pairs for dk and dv, and reverse with the other halves; each
-takes two entering states, ``k (x) v`` for dq and ``q (x) do`` for dk and dv. The residuals are the inputs and ``F``, ``B`` (``O(L d)``).
-dq and dk come from each block of value columns separately and are summed in XLA.
-
-Precision: ``q k^T`` takes the input dtype (tensor cores for 16-bit inputs, float32
-accumulation); masks, states and every other product are exact float32 (a 16-bit copy of a
-state lost the precision that SCALE's cancelling gradients need: bf16 dq 5.4e-3 relative RMS,
-above the 5e-3 bound, in the interpreter). The cotangent stays float32.
+cancel in dA, whose query and key parts both hold it). One launch (:func:`_backward_kernel`)
+walks both ways with two states each, ``k (x) v`` for dq and ``q (x) do`` for dk and dv: the
+forward walk takes the ``j <= i`` pairs for dq and the ``i < j`` pairs for dk and dv, the
+reverse walk the other halves. The residuals are the inputs and ``F``, ``B`` (``O(L d)``).
+dq and dk come from each direction and block of value columns separately and are summed in
+XLA. Everything is float32 (16-bit inputs are widened on load); the cotangent stays float32.
 """
 
 import functools
@@ -43,11 +46,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _next_pow2, _pad_axis, reverse_cumsum
-from pallas_kernels.per_feature import prefix_states
 
-CHUNK = 16
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
-_EXACT = jax.lax.Precision.HIGHEST
+# Value columns per program: 16 gives ListOps' normalised heads ([v | 1], 32 columns) two
+# programs per direction and head, so B * H * 4 programs walk at once.
+BLOCK_V = 16
 
 
 def unsupported_reason(q, k, v, log_decay):
@@ -69,212 +72,135 @@ def unsupported_reason(q, k, v, log_decay):
     return None
 
 
-def _dot(a, b, **kwargs):
-    """An exact float32 product of float32 tiles (the states and their partners: a 16-bit
-    state would lose the precision that SCALE's cancelling gradients need)."""
-    return pltriton.dot(a, b, precision=_EXACT, **kwargs)
-
-
-def _segments_after(a):
-    """``tail_j = sum_{s > j} a_s`` per column of ``a [C, BV]`` float32, as an exact product."""
-    idx = jnp.arange(a.shape[0])
-    after = (idx[None, :] > idx[:, None]).astype(jnp.float32)
-    return pltriton.dot(after, a, precision=_EXACT)
-
-
-def _column_mask(a, j, *, strict):
-    """Key ``j``'s mask ``[C, BV]``: row i is ``exp(sum_{j < s <= i} a_s)`` for ``i >= j`` (``i > j``
-    if strict), else 0; the segment summed on its own, so every exponent is ``<= 0``."""
-    rows = jnp.arange(a.shape[0])[:, None]
-    seg = jnp.cumsum(jnp.where(rows > j, a, 0.0), axis=0)
-    return jnp.exp(jnp.where(rows > j if strict else rows >= j, seg, -jnp.inf))
-
-
-def _column(x, j):
-    """Column ``j`` of a ``[C, C]`` float32 tile, ``[C]``."""
-    cols = jnp.arange(x.shape[1])[None, :]
-    return jnp.sum(jnp.where(cols == j, x, 0.0), axis=1)
-
-
-def _states_kernel(k_ref, v_ref, g_ref, u_ref):
-    """One (b, h, chunk, V-block): the chunk's own state ``u = K^T (V * exp(tail))`` ``[Kp, BV]``,
-    ``tail_j`` the chunk's log-decays after token j."""
-    f32 = jnp.float32
-    v_to_end = v_ref[...].astype(f32) * jnp.exp(_segments_after(g_ref[...].astype(f32)))
-    u_ref[...] = _dot(k_ref[...].astype(f32), v_to_end, trans_a=True)
-
-
-def _forward_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, strict, precision):
-    """One (b, h, chunk, V-block): ``o_i = sum_{j <= i} (q_i . k_j) M_ij * v_j`` (``j < i`` if
-    strict), ``M_ij = exp(A_i - A_j)`` per column, keys before the chunk through the entering
-    state. Refs: q, k ``[C, Kp]``; v, g, o ``[C, BV]``; s ``[Kp, BV]``."""
-    f32 = jnp.float32
-    q = q_ref[...]
-    a = g_ref[...].astype(f32)
-    scores = pltriton.dot(q, k_ref[...], trans_b=True, precision=precision).astype(f32)
-    out = _dot(q.astype(f32), s_ref[...]) * jnp.exp(jnp.cumsum(a, axis=0))
-
-    def key(j, out):
-        v_j = v_ref[pl.ds(j, 1), :].astype(f32)
-        return out + _column(scores, j)[:, None] * _column_mask(a, j, strict=strict) * v_j
-
-    o_ref[...] = jax.lax.fori_loop(0, CHUNK, key, out).astype(o_ref.dtype)
-
-
-def _backward_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, s_kv_ref, s_qo_ref, dq_ref, dk_ref,
-                     dv_ref, *, strict_q, strict_kv, precision):
-    """One (b, h, chunk, V-block) of a forward walk: ``dq_i`` from the keys ``j <= i`` (``j < i``
-    if strict_q), ``dk_t, dv_t`` from the queries ``u <= t`` (``u < t`` if strict_kv), this
-    V-block's share; earlier chunks through the entering states ``s_kv = sum k (x) v`` and
-    ``s_qo = sum q (x) do``. Refs: q, k, dq, dk ``[C, Kp]``; v, do, g, dv ``[C, BV]``; states
-    ``[Kp, BV]``."""
-    f32 = jnp.float32
-    q, k = q_ref[...], k_ref[...]
-    a = g_ref[...].astype(f32)
-    from_start = jnp.exp(jnp.cumsum(a, axis=0))
-    v32, do32 = v_ref[...].astype(f32), do_ref[...].astype(f32)
-    s_qo = s_qo_ref[...]
-    dq = _dot(do32 * from_start, s_kv_ref[...], trans_b=True)
-    dk = _dot(v32 * from_start, s_qo, trans_b=True)
-    dv = _dot(k.astype(f32), s_qo) * from_start
-    scores = pltriton.dot(k, q, trans_b=True, precision=precision).astype(f32)  # k_t . q_u
-    rows = jnp.arange(CHUNK)[:, None]
-
-    def partner(u, acc):
-        dq, dk, dv = acc
-        row = pl.ds(u, 1)
-        mask = _column_mask(a, u, strict=False)
-        diagonal_out = lambda m, strict: jnp.where(rows == u, 0.0, m) if strict else m  # noqa
-        mask_q, mask_kv = diagonal_out(mask, strict_q), diagonal_out(mask, strict_kv)
-        v_u, do_u = v_ref[row, :].astype(f32), do_ref[row, :].astype(f32)
-        dq = dq + jnp.sum(do32 * mask_q * v_u, axis=1)[:, None] * k_ref[row, :].astype(f32)
-        weights = mask_kv * do_u  # [t, v]: M_utv do_uv
-        dk = dk + jnp.sum(v32 * weights, axis=1)[:, None] * q_ref[row, :].astype(f32)
-        return dq, dk, dv + _column(scores, u)[:, None] * weights
-
-    dq, dk, dv = jax.lax.fori_loop(0, CHUNK, partner, (dq, dk, dv))
-    dq_ref[...] = dq
-    dk_ref[...] = dk
-    dv_ref[...] = dv
-
-
 def _layout(q, v):
-    """``(Kp, BV, Vp)``: K padded to a power of two >= 16, V to a multiple of the V-block."""
-    kp = _next_pow2(max(q.shape[-1], 16))
-    bv = 32 if v.shape[-1] % 32 == 0 else 16
+    """``(Kp, BV, Vp)``: K padded to a power of two, V to a multiple of the V-block."""
+    kp = _next_pow2(max(q.shape[-1], 4))
+    bv = min(BLOCK_V, _next_pow2(max(v.shape[-1], 4)))
     return kp, bv, -(-v.shape[-1] // bv) * bv
 
 
-def _params(q):
-    precision = _EXACT if q.dtype == jnp.float32 else None
-    return precision, pltriton.CompilerParams(num_warps=4, num_stages=1)
+def _params(kp, bv):
+    """One warp per 256 state entries (one state), at most 4."""
+    return pltriton.CompilerParams(num_warps=max(1, min(4, kp * bv // 256)), num_stages=2)
 
 
-def _specs(kp, bv):
-    """Per-chunk block specs of a (b, h, chunk n, V-block j) grid: ``[C, Kp]`` rows, ``[C, BV]``
-    columns, ``[C, Kp]`` rows of a V-block's own partial sum, ``[Kp, BV]`` states."""
-    keys = pl.BlockSpec((None, CHUNK, None, kp), lambda b, h, n, j: (b, n, h, 0))
-    cols = pl.BlockSpec((None, CHUNK, None, bv), lambda b, h, n, j: (b, n, h, j))
-    per_block = pl.BlockSpec((None, CHUNK, None, kp), lambda b, h, n, j: (b, n, h, j))
-    states = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, n, j: (b, h, n, 0, j))
-    return keys, cols, per_block, states
+def _walk(length):
+    """``(forward, token(step), decay_token(t))`` of this program's direction (grid axis 0:
+    0 forward, 1 reverse): ``forward`` 1.0 or 0.0, the token at ``step``, and the token whose
+    log-decay the state takes on arriving at ``t`` (``t`` walking forward; ``t + 1`` in
+    reverse, clamped at the end, where the state is still zero). Integer arithmetic, no
+    selects: Triton takes no boolean operands in these products."""
+    rev = pl.program_id(0)
+
+    def token(step):
+        return step + rev * (length - 1 - 2 * step)
+
+    def decay_token(t):
+        return t + rev * (jnp.minimum(t + 1, length - 1) - t)
+    return (1 - rev).astype(jnp.float32), token, decay_token
 
 
-def _entering_states(k, v, g, *, interpret):
-    """The forward walk's state entering each chunk, ``sum_{j < chunk} k_j (v_j * exp(A - A_j))``,
-    ``[B, H, N, Kp, Vp]`` float32: each chunk's own state in parallel, then
-    ``per_feature.prefix_states`` walks the chunks."""
-    B, L, H, kp = k.shape
-    _, bv, vp = _layout(k, v)
-    N = L // CHUNK
-    keys, cols, _, states = _specs(kp, bv)
-    own = pl.pallas_call(
-        _states_kernel, grid=(B, H, N, vp // bv), in_specs=[keys, cols, cols], out_specs=states,
-        out_shape=jax.ShapeDtypeStruct((B, H, N, kp, vp), jnp.float32),
-        compiler_params=_params(k)[1], interpret=interpret, name="lion_value_decay_states",
-    )(k, v, g)
-    decay = jnp.exp(jnp.sum(g.reshape(B, N, CHUNK, H, vp), axis=2))  # [B, N, H, Vp]
-    decay = jnp.transpose(decay, (0, 2, 1, 3))[:, :, :, None, :]
-    entering, _ = prefix_states(own, decay, None, reverse=False, block_v=bv,
-                                interpret=interpret)
-    return entering
+def _forward_kernel(q_ref, k_ref, v_ref, g_ref, o_ref, *, length):
+    """One (direction, b, h, V-block): q, k ``[L, Kp]``; v, g, o ``[L, BV]``. Forward: o = F
+    (inclusive), reverse: o = B (strict)."""
+    f32 = jnp.float32
+    forward, token, decay_token = _walk(length)
+    kp, bv = k_ref.shape[-1], v_ref.shape[-1]
+
+    def step(i, state):
+        t = token(i)
+        q, k = q_ref[t, :].astype(f32), k_ref[t, :].astype(f32)
+        v = v_ref[t, :].astype(f32)
+        state = state * jnp.exp(g_ref[decay_token(t), :])[None, :]
+        o_ref[t, :] = jnp.sum(q[:, None] * state, axis=0) + forward * jnp.sum(q * k) * v
+        return state + k[:, None] * v[None, :]
+
+    jax.lax.fori_loop(0, length, step, jnp.zeros((kp, bv), f32))
 
 
-def _forward_scan(q, k, v, g, *, strict, interpret):
-    """Padded inputs (L a multiple of 16, K = Kp, V a multiple of BV) -> ``[B, L, H, V]`` float32."""
-    B, L, H, kp = q.shape
-    _, bv, vp = _layout(q, v)
-    keys, cols, _, states = _specs(kp, bv)
-    precision, params = _params(q)
-    return pl.pallas_call(
-        functools.partial(_forward_kernel, strict=strict, precision=precision),
-        grid=(B, H, L // CHUNK, vp // bv), in_specs=[keys, keys, cols, cols, states],
-        out_specs=cols, out_shape=jax.ShapeDtypeStruct((B, L, H, vp), jnp.float32),
-        compiler_params=params, interpret=interpret, name="lion_value_decay_scan",
-    )(q, k, v, g, _entering_states(k, v, g, interpret=interpret))
+def _backward_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, dq_ref, dk_ref, dv_ref, *, length):
+    """One (direction, b, h, V-block): q, k, dq, dk ``[L, Kp]`` (this V-block's share of dq,
+    dk); v, do, g, dv ``[L, BV]``. Forward walk: dq from the keys ``j <= t``, dk and dv from
+    the queries ``i < t``; reverse walk: dq from ``j > t``, dk and dv from ``i >= t``."""
+    f32 = jnp.float32
+    forward, token, decay_token = _walk(length)
+    kp, bv = k_ref.shape[-1], v_ref.shape[-1]
+
+    def step(i, states):
+        s_kv, s_qo = states
+        t = token(i)
+        q, k = q_ref[t, :].astype(f32), k_ref[t, :].astype(f32)
+        v, do = v_ref[t, :].astype(f32), do_ref[t, :].astype(f32)
+        decay = jnp.exp(g_ref[decay_token(t), :])[None, :]
+        s_kv, s_qo = s_kv * decay, s_qo * decay
+        do_v = jnp.sum(do * v)  # the diagonal: dq's walking forward, dk's and dv's in reverse
+        dq_ref[t, :] = jnp.sum(s_kv * do[None, :], axis=1) + forward * do_v * k
+        dk_ref[t, :] = jnp.sum(s_qo * v[None, :], axis=1) + (1.0 - forward) * do_v * q
+        dv_ref[t, :] = (jnp.sum(k[:, None] * s_qo, axis=0)
+                        + (1.0 - forward) * jnp.sum(q * k) * do)
+        return s_kv + k[:, None] * v[None, :], s_qo + q[:, None] * do[None, :]
+
+    zeros = jnp.zeros((kp, bv), f32)
+    jax.lax.fori_loop(0, length, step, (zeros, zeros))
 
 
-def _backward_scan(q, k, v, do, g, *, strict_q, strict_kv, interpret):
-    """Padded inputs -> ``(dq, dk [B, L, H, Kp], dv [B, L, H, Vp])`` float32 of one walk."""
-    B, L, H, kp = q.shape
-    _, bv, vp = _layout(q, v)
-    keys, cols, per_block, states = _specs(kp, bv)
-    blocks = vp // bv
-    precision, params = _params(q)
-    kernel = functools.partial(_backward_kernel, strict_q=strict_q, strict_kv=strict_kv,
-                               precision=precision)
-    dq, dk, dv = pl.pallas_call(
-        kernel, grid=(B, H, L // CHUNK, blocks),
-        in_specs=[keys, keys, cols, cols, cols, states, states],
-        out_specs=[per_block, per_block, cols],
-        out_shape=[jax.ShapeDtypeStruct((B, L, H, blocks * kp), jnp.float32)] * 2
-        + [jax.ShapeDtypeStruct((B, L, H, vp), jnp.float32)],
-        compiler_params=params, interpret=interpret, name="lion_value_decay_grads",
-    )(q, k, v, do, g, _entering_states(k, v, g, interpret=interpret),
-      _entering_states(q, do, g, interpret=interpret))
-    fold = lambda x: x.reshape(B, L, H, blocks, kp).sum(axis=3)  # noqa: E731
-    return fold(dq), fold(dk), dv
-
-
-def _flip(x):
-    return jnp.flip(x, axis=1)
-
-
-def _reverse_decays(g):
-    """Log-decays of the reverse walk, flipped: ``flip([a_1, ..., a_{L-1}, 0])``."""
-    return _flip(jnp.concatenate([g[:, 1:], jnp.zeros_like(g[:, :1])], axis=1))
+def _specs(L, kp, bv):
+    """Block specs of a (direction, b, h, V-block j) grid over ``[B, L, H, D]`` arrays: whole
+    rows of q, k; V-block columns; per-direction results ``[2, B, L, H, .]`` (dq and dk with
+    one ``Kp`` block per V-block)."""
+    rows = pl.BlockSpec((None, L, None, kp), lambda e, b, h, j: (b, 0, h, 0))
+    cols = pl.BlockSpec((None, L, None, bv), lambda e, b, h, j: (b, 0, h, j))
+    out_rows = pl.BlockSpec((None, None, L, None, kp), lambda e, b, h, j: (e, b, 0, h, j))
+    out_cols = pl.BlockSpec((None, None, L, None, bv), lambda e, b, h, j: (e, b, 0, h, j))
+    return rows, cols, out_rows, out_cols
 
 
 def _directions(q, k, v, g, interpret):
-    """``(F, B)``: the inclusive forward scan and the strict reverse one, float32."""
-    forward = _forward_scan(q, k, v, g, strict=False, interpret=interpret)
-    backward = _flip(_forward_scan(_flip(q), _flip(k), _flip(v), _reverse_decays(g),
-                                   strict=True, interpret=interpret))
-    return forward, backward
+    """Padded inputs (K = Kp, V = Vp) -> ``[2, B, L, H, Vp]`` float32: ``F`` and ``B``."""
+    B, L, H, kp = q.shape
+    _, bv, vp = _layout(q, v)
+    rows, cols, _, out_cols = _specs(L, kp, bv)
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, length=L), grid=(2, B, H, vp // bv),
+        in_specs=[rows, rows, cols, cols], out_specs=out_cols,
+        out_shape=jax.ShapeDtypeStruct((2, B, L, H, vp), jnp.float32),
+        compiler_params=_params(kp, bv), interpret=interpret, name="lion_value_decay_scan",
+    )(q, k, v, g)
+
+
+def _gradients(q, k, v, do, g, interpret):
+    """Padded inputs -> ``(dq, dk [B, L, H, Kp], dvB, dvF [B, L, H, Vp])`` float32."""
+    B, L, H, kp = q.shape
+    _, bv, vp = _layout(q, v)
+    blocks = vp // bv
+    rows, cols, out_rows, out_cols = _specs(L, kp, bv)
+    dq, dk, dv = pl.pallas_call(
+        functools.partial(_backward_kernel, length=L), grid=(2, B, H, blocks),
+        in_specs=[rows, rows, cols, cols, cols], out_specs=[out_rows, out_rows, out_cols],
+        out_shape=[jax.ShapeDtypeStruct((2, B, L, H, blocks * kp), jnp.float32)] * 2
+        + [jax.ShapeDtypeStruct((2, B, L, H, vp), jnp.float32)],
+        compiler_params=_params(kp, bv), interpret=interpret, name="lion_value_decay_grads",
+    )(q, k, v, do, g)
+    fold = lambda x: x.reshape(2, B, L, H, blocks, kp).sum(axis=(0, 4))  # noqa: E731
+    return fold(dq), fold(dk), dv[0], dv[1]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _lion(q, k, v, g, interpret):
-    forward, backward = _directions(q, k, v, g, interpret)
-    return forward + backward
+    return jnp.sum(_directions(q, k, v, g, interpret), axis=0)
 
 
 def _lion_fwd(q, k, v, g, interpret):
-    forward, backward = _directions(q, k, v, g, interpret)
-    return forward + backward, (q, k, v, g, forward, backward)
+    both = _directions(q, k, v, g, interpret)
+    return both[0] + both[1], (q, k, v, g, both)
 
 
 def _lion_bwd(interpret, residuals, dy):
-    q, k, v, g, forward, backward = residuals
-    do = dy  # float32
-    dq1, dk1, dv_b = _backward_scan(q, k, v, do, g, strict_q=False, strict_kv=True,
-                                    interpret=interpret)
-    dq2, dk2, dv_f = (_flip(x) for x in _backward_scan(
-        _flip(q), _flip(k), _flip(v), _flip(do), _reverse_decays(g), strict_q=True,
-        strict_kv=False, interpret=interpret))
+    q, k, v, g, (forward, backward) = residuals
+    dq, dk, dv_b, dv_f = _gradients(q, k, v, dy, g, interpret)
     dA = dy * (forward - backward) - v.astype(jnp.float32) * (dv_f - dv_b)
-    return ((dq1 + dq2).astype(q.dtype), (dk1 + dk2).astype(k.dtype),
-            (dv_b + dv_f).astype(v.dtype), reverse_cumsum(dA).astype(g.dtype))
+    return (dq.astype(q.dtype), dk.astype(k.dtype), (dv_b + dv_f).astype(v.dtype),
+            reverse_cumsum(dA).astype(g.dtype))
 
 
 _lion.defvjp(_lion_fwd, _lion_bwd)
@@ -295,11 +221,8 @@ def lion_value_decay(q, k, v, log_decay, *, interpret=None):
         raise ValueError(f"lion_value_decay: {reason}")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
-    B, L, H, K = q.shape
     V = v.shape[-1]
     kp, _, vp = _layout(q, v)
-    lp = -(-L // CHUNK) * CHUNK
-    pad = lambda x, d: _pad_axis(_pad_axis(x, 1, lp), 3, d)  # noqa: E731  exact: zeros
-    y = _lion(pad(q, kp), pad(k, kp), pad(v, vp), pad(log_decay.astype(jnp.float32), vp),
-              bool(interpret))
-    return y[:, :L, :, :V]
+    y = _lion(_pad_axis(q, 3, kp), _pad_axis(k, 3, kp), _pad_axis(v, 3, vp),
+              _pad_axis(log_decay.astype(jnp.float32), 3, vp), bool(interpret))
+    return y[..., :V]
