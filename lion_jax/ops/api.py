@@ -44,7 +44,9 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
       normalize: divide each row by ``sum_j s_ij M_ij + eps`` (SCALE); False gives the
         non-normalised form (LION-RETNET).
       eps: added to the denominator.
-      impl: "attention" (materialized L x L), "recurrent" (Theorem 3.3 scans, O(L d) memory),
+      impl: "attention" (materialized L x L), "recurrent" (Theorem 3.3 scans, O(L d) memory;
+        on a GPU, when no gradient is taken, the Pallas token walk ``pallas_kernels.lion_walk``,
+        whose memory beyond the input and the output is one float32 numerator),
         "chunk" (chunked XLA), "pallas" (fused GPU kernels), or "auto".
       chunk_size: chunk length for "chunk" and "pallas".
       centre_values: normalize only. The kernels ("pallas", or "auto" routed to them) then
@@ -74,6 +76,14 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
             q, k, v, log_decay, normalize=normalize, eps=eps, chunk_size=chunk_size,
             centre_values=centre_values)
 
+    if impl == "recurrent" and _walk_kernel(q, k, v, log_decay) is not None:
+        return _recurrent_walk(q, k, v, log_decay, normalize, float(eps))
+    return _xla_lion(q, k, v, log_decay, impl, normalize, eps, chunk_size)
+
+
+def _xla_lion(q, k, v, log_decay, impl, normalize, eps, chunk_size=64):
+    """lion_attention on the XLA form ``impl`` ("attention", "recurrent" or "chunk")."""
+    value_decay = log_decay is not None and log_decay.ndim == 4
     out_dtype = v.dtype
     dtype = _compute_dtype(out_dtype)
     q, k, v = (x.astype(dtype) for x in (q, k, v))
@@ -90,6 +100,36 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
     if normalize:
         y = _divide_by_last_columns(y, eps, y.shape[-1] // 2 if value_decay else 1)
     return y.astype(out_dtype)
+
+
+def _walk_kernel(q, k, v, log_decay):
+    """``pallas_kernels.lion_walk`` when impl="recurrent" runs it (on a GPU, for inputs it
+    takes; float64 stays in XLA), else None."""
+    kernels = _kernels_module()
+    if (kernels is None or jax.default_backend() != "gpu" or q.dtype == jnp.float64
+            or kernels.lion_walk_unsupported_reason(q, k, v, log_decay) is not None):
+        return None
+    return kernels.lion_walk
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _recurrent_walk(q, k, v, log_decay, normalize, eps):
+    """impl="recurrent" on a GPU. Without a gradient: the Pallas token walk
+    (``pallas_kernels.lion_walk``), whose memory is the input, the output, one float32 copy of
+    the numerator and the ``K x V`` states (the XLA scan keeps per-token float32 outputs of
+    both directions and the ones column). Differentiated: the XLA recurrence and its VJP."""
+    return _walk_kernel(q, k, v, log_decay)(q, k, v, log_decay, normalize=normalize, eps=eps)
+
+
+def _recurrent_walk_fwd(q, k, v, log_decay, normalize, eps):
+    return jax.vjp(lambda *a: _xla_lion(*a, "recurrent", normalize, eps), q, k, v, log_decay)
+
+
+def _recurrent_walk_bwd(normalize, eps, vjp, dy):
+    return vjp(dy)
+
+
+_recurrent_walk.defvjp(_recurrent_walk_fwd, _recurrent_walk_bwd)
 
 
 def causal_linear_attention(q, k, v, log_decay=None, *, normalize=False, eps=1e-6, impl="auto",

@@ -1,0 +1,214 @@
+r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 centre).
+
+    python -m experiments.bench_vision [--out DIR] [--size tiny] [--train_batch 256]
+        [--infer_batch 128] [--resolutions 224,448,672,896,1248] [--calls 10]
+
+(a) Train step at 224 px (patch 16, 197 tokens), batch ``--train_batch``: forward, backward
+    and an AdamW update of ViT-T/S with softmax attention (cuDNN's flash attention, or XLA's
+    where cuDNN refuses the shape: the table says which ran) against LION-LIT, LION-D, LION-S
+    and LION-S (v2) of the same size with ``impl="auto"``.
+(b) Inference at each resolution, batch ``--infer_batch``, bf16: images/s and XLA's compiled
+    memory (arguments + outputs + temporaries of the whole jitted forward) of ViT with cuDNN
+    flash attention (learned positions resized) and with plain XLA softmax, and of LION-S with
+    ``impl`` = attention, chunk, pallas and recurrent (on a GPU, without a gradient, the
+    Pallas token walk ``pallas_kernels.lion_walk``). A model that does not compile or run
+    (out of memory, a refused shape) is reported with the reason.
+
+Every side is timed the same way: one warm-up call, then ``--calls`` calls back to back and
+one sync. Prints the tables; with ``--out`` writes ``table.md`` and ``plot.png``. Needs a GPU.
+"""
+
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+
+from lion_jax.models import VisionTransformer
+from lion_jax.models.vit import vit_size
+
+FLAGS = flags.FLAGS
+PATCH = 16
+LION = {"LION-LIT": dict(variant="lit"), "LION-D": dict(variant="d"),
+        "LION-S": dict(variant="s")}
+INFER_IMPLS = ("attention", "chunk", "pallas", "recurrent")
+
+
+def define_flags():
+    flags.DEFINE_string("out", None, "Directory for table.md and plot.png.")
+    flags.DEFINE_string("size", "tiny", "ViT size: tiny, small or base.")
+    flags.DEFINE_integer("train_batch", 256, "Batch of the train-step timing.")
+    flags.DEFINE_integer("infer_batch", 128, "Batch of the inference timing.")
+    flags.DEFINE_list("resolutions", ["224", "448", "672", "896", "1248"],
+                      "Inference resolutions (multiples of 16).")
+    flags.DEFINE_integer("calls", 10, "Calls timed back to back.")
+    flags.DEFINE_bool("skip_train", False, "Only the inference part.")
+
+
+def model(size, kind, mixer=None, orders=("raster",), image_size=224):
+    """A ViT of ``size``: ``kind`` "softmax" (learned positions) or "lion" with ``mixer``."""
+    softmax = kind == "softmax"
+    return VisionTransformer(
+        num_classes=1000, patch_size=PATCH, **vit_size(size), mixer_kind=kind,
+        mixer=mixer or {}, orders=orders, pos_emb="learned" if softmax else "none",
+        image_size=image_size if softmax else None, dtype=jnp.bfloat16)
+
+
+def timed(fn, *args, calls):
+    """Seconds per call: a warm-up call, ``calls`` calls back to back, one sync."""
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    out = None
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def failure(e):
+    """One line for a side that could not run."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return ("out of memory" if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+            else f"{type(e).__name__}: {text[:120]}")
+
+
+def train_step_ms(net, batch, calls):
+    """Milliseconds per AdamW train step (forward, backward, update) at 224 px."""
+    images = jnp.zeros((batch, 224, 224, 3), jnp.float32)
+    labels = jnp.zeros((batch,), jnp.int32)
+    params = net.init(jax.random.key(0), images[:1], train=False)["params"]
+    tx = optax.adamw(1e-3)
+    opt = tx.init(params)
+
+    @jax.jit
+    def step(params, opt, images, labels):
+        def loss(p):
+            logits = net.apply({"params": p}, images, train=False)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        grads = jax.grad(loss)(params)
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), opt
+
+    return timed(step, params, opt, images, labels, calls=calls) * 1e3
+
+
+def inference(net, params, batch, resolution, calls):
+    """(images/s, compiled memory in MiB) of the jitted forward at ``resolution``."""
+    images = jnp.zeros((batch, resolution, resolution, 3), jnp.bfloat16)
+    forward = jax.jit(lambda p, x: net.apply({"params": p}, x, train=False))
+    compiled = forward.lower(params, images).compile()
+    m = compiled.memory_analysis()
+    mib = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / 2 ** 20
+    return batch / timed(compiled, params, images, calls=calls), mib
+
+
+def train_rows(size, batch, calls):
+    rows = []
+    for impl in ("cudnn", "xla"):
+        name = f"ViT ({'cuDNN flash' if impl == 'cudnn' else 'XLA'} softmax)"
+        try:
+            rows.append((name, train_step_ms(model(size, "softmax", dict(impl=impl)), batch,
+                                             calls)))
+        except Exception as e:  # noqa: BLE001  a refused shape is a row of the table
+            rows.append((name, failure(e)))
+    for name, mixer in LION.items():
+        rows.append((name, train_step_ms(model(size, "lion", dict(mixer, impl="auto")), batch,
+                                         calls)))
+    rows.append(("LION-S (v2)", train_step_ms(
+        model(size, "lion", dict(LION["LION-S"], impl="auto"), ("row_snake", "col_snake")),
+        batch, calls)))
+    return rows
+
+
+def inference_rows(size, batch, resolutions, calls):
+    sides = [("ViT, cuDNN flash", model(size, "softmax", dict(impl="cudnn"))),
+             ("ViT, XLA softmax", model(size, "softmax", dict(impl="xla")))]
+    sides += [(f"LION-S, {impl}", model(size, "lion", dict(LION["LION-S"], impl=impl)))
+              for impl in INFER_IMPLS]
+    results = {}
+    for name, net in sides:
+        init_net = net.clone(mixer=dict(impl="xla")) if net.mixer_kind == "softmax" else net
+        params = init_net.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)),
+                               train=False)["params"]  # the same parameters for either softmax
+        params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+        for r in resolutions:
+            try:  # ViT resizes its 224 px learned positions itself
+                results[name, r] = inference(net, params, batch, r, calls)
+            except Exception as e:  # noqa: BLE001  OOM / refused: reported, not fatal
+                results[name, r] = failure(e)
+            print(f"  {name} at {r} px: {results[name, r]}", flush=True)
+    return [name for name, _ in sides], results
+
+
+def markdown(device, size, train, train_batch, names, results, resolutions, infer_batch, calls):
+    lines = [f"{device}, jax {jax.__version__}, ViT-{size[0].upper()}/16, bf16; {calls} calls "
+             "back to back after a warm-up call, one sync", ""]
+    if train:
+        base = next((ms for n, ms in train if n.startswith("ViT") and not isinstance(ms, str)),
+                    None)
+        lines += [f"Train step at 224 px, batch {train_batch} (forward, backward, AdamW):", "",
+                  "| model | ms / step | vs ViT |", "| --- | --- | --- |"]
+        for n, ms in train:
+            ratio = "" if isinstance(ms, str) or base is None else f"{ms / base:.2f}x"
+            lines.append(f"| {n} | {ms if isinstance(ms, str) else f'{ms:.1f}'} | {ratio} |")
+        lines.append("")
+    lines += [f"Inference, batch {infer_batch}: images/s (compiled memory, MiB)", "",
+              "| model | " + " | ".join(f"{r} px" for r in resolutions) + " |",
+              "| --- |" + " --- |" * len(resolutions)]
+    for n in names:
+        cells = []
+        for r in resolutions:
+            x = results[n, r]
+            cells.append(x if isinstance(x, str) else f"{x[0]:.0f} ({x[1]:,.0f})")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(path, names, results, resolutions):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for n in names:
+        pts = [(r, results[n, r]) for r in resolutions if not isinstance(results[n, r], str)]
+        if pts:
+            axes[0].plot([r for r, _ in pts], [x[0] for _, x in pts], "o-", label=n)
+            axes[1].plot([r for r, _ in pts], [x[1] for _, x in pts], "o-", label=n)
+    axes[0].set(xlabel="resolution (px)", ylabel="images / s", yscale="log")
+    axes[1].set(xlabel="resolution (px)", ylabel="compiled memory (MiB)", yscale="log")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv):
+    del argv
+    if jax.default_backend() != "gpu":
+        sys.exit("error: bench_vision needs a GPU")
+    try:
+        vit_size(FLAGS.size)
+        resolutions = [int(r) for r in FLAGS.resolutions]
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if any(r % PATCH for r in resolutions):
+        sys.exit(f"error: --resolutions must be multiples of {PATCH}; got {resolutions}")
+    device = jax.devices()[0].device_kind
+    train = None if FLAGS.skip_train else train_rows(FLAGS.size, FLAGS.train_batch, FLAGS.calls)
+    names, results = inference_rows(FLAGS.size, FLAGS.infer_batch, resolutions, FLAGS.calls)
+    table = markdown(device, FLAGS.size, train, FLAGS.train_batch, names, results, resolutions,
+                     FLAGS.infer_batch, FLAGS.calls)
+    print(table)
+    if FLAGS.out:
+        os.makedirs(FLAGS.out, exist_ok=True)
+        with open(os.path.join(FLAGS.out, "table.md"), "w") as f:
+            f.write(table)
+        plot(os.path.join(FLAGS.out, "plot.png"), names, results, resolutions)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
