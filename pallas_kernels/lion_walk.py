@@ -78,10 +78,9 @@ def _walk_kernel(q_ref, k_ref, v_ref, g_ref, *refs, length, normalize, eps):
     kp, bv, dv = k_ref.shape[-1], v_ref.shape[-1], g_ref.shape[-1]
     reverse = y_ref is None
 
-    def step(i, carry):
+    def tokens(ts, carry):
+        """Walks the tokens ``ts`` (their loads issued first) from ``carry = (S, z)``."""
         s, z = carry
-        ts = [length - 1 - (i * UNROLL + u) if reverse else i * UNROLL + u
-              for u in range(UNROLL)]
         # the state takes a_t arriving at t walking forward, a_{t+1} in reverse (clamped at
         # the end, where the state is still zero)
         loaded = [_loads(q_ref, k_ref, v_ref, g_ref, t,
@@ -105,8 +104,16 @@ def _walk_kernel(q_ref, k_ref, v_ref, g_ref, *refs, length, normalize, eps):
                 s = s + k[:, None] * v[None, :]
         return s, z
 
+    def token(step):
+        return length - 1 - step if reverse else step
+
+    def step(i, carry):
+        return tokens([token(i * UNROLL + u) for u in range(UNROLL)], carry)
+
     z0 = jnp.zeros((kp, dv), f32) if normalize else None
-    jax.lax.fori_loop(0, length // UNROLL, step, (jnp.zeros((kp, bv), f32), z0))
+    full = length // UNROLL
+    carry = jax.lax.fori_loop(0, full, step, (jnp.zeros((kp, bv), f32), z0))
+    tokens([token(i) for i in range(full * UNROLL, length)], carry)  # the last L % UNROLL
 
 
 def _call(q, k, v, g, parts, *, normalize, eps, interpret):
@@ -173,15 +180,14 @@ def lion_walk(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=No
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     B, L, H, _ = q.shape
-    V = v.shape[-1]
     kp, _, vp = _layout(q, v)
-    lp = -(-L // UNROLL) * UNROLL
-    pad = lambda x, d: _pad_axis(_pad_axis(x, 1, lp), 3, d)  # noqa: E731  exact: zeros
     if log_decay is None:
-        g = jnp.zeros((B, lp, H, 1), jnp.float32)
+        g = jnp.zeros((B, L, H, 1), jnp.float32)
     elif log_decay.ndim == 3:
-        g = _pad_axis(log_decay.astype(jnp.float32)[..., None], 1, lp)
+        g = log_decay.astype(jnp.float32)[..., None]
     else:
-        g = pad(log_decay.astype(jnp.float32), vp)
-    y = _two_walks(pad(q, kp), pad(k, kp), pad(v, vp), g, normalize, float(eps), bool(interpret))
-    return y[:, :L, :, :V]
+        g = _pad_axis(log_decay.astype(jnp.float32), 3, vp)
+    # no copies along L (the walks take any length); head dims padded only when not aligned
+    y = _two_walks(_pad_axis(q, 3, kp), _pad_axis(k, 3, kp), _pad_axis(v, 3, vp), g, normalize,
+                   float(eps), bool(interpret))
+    return y if vp == v.shape[-1] else y[..., :v.shape[-1]]

@@ -110,15 +110,15 @@ def test_recurrent_impl_stays_in_xla_on_cpu(rng):
 @pytest.mark.skipif(not ON_GPU, reason="XLA's compiled memory of the GPU kernels")
 def test_inference_memory_is_input_output_and_one_numerator(rng):
     """ViT-T's mixer at 1248 px with a smaller batch: the compiled temporaries of
-    impl="recurrent" are at most the float32 numerator and denominators (plus padding), far
-    below impl="pallas"'s per-chunk states."""
+    impl="recurrent" are the float32 numerator and denominators (no copies of the inputs),
+    far below impl="pallas"'s per-chunk states."""
     q, k, v, g = make_inputs(rng, 8, 6085, 3, 64, 64, jnp.bfloat16, "head")
 
     def temp_bytes(impl):
         fn = jax.jit(lambda *a: ops.lion_attention(*a, impl=impl))
         return fn.lower(q, k, v, g).compile().memory_analysis().temp_size_in_bytes
 
-    numerator = 8 * 6088 * 3 * 64 * 4
+    numerator = 8 * 6085 * 3 * 64 * 4
     walk = temp_bytes("recurrent")
     assert walk <= 1.3 * numerator, (walk, numerator)
     assert walk < temp_bytes("pallas") / 2
