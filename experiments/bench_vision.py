@@ -20,14 +20,13 @@ one sync. Prints the tables; with ``--out`` writes ``table.md`` and ``plot.png``
 
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from absl import app, flags
 
+from experiments.bench_value_decay import timed
 from lion_jax.models import VisionTransformer
 from lion_jax.models.vit import vit_size
 
@@ -58,17 +57,6 @@ def model(size, kind, mixer=None, orders=("raster",), image_size=224):
         image_size=image_size if softmax else None, dtype=jnp.bfloat16)
 
 
-def timed(fn, *args, calls):
-    """Seconds per call: a warm-up call, ``calls`` calls back to back, one sync."""
-    jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    out = None
-    for _ in range(calls):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls
-
-
 def failure(e):
     """One line for a side that could not run."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -93,7 +81,7 @@ def train_step_ms(net, batch, calls):
         updates, opt = tx.update(grads, opt, params)
         return optax.apply_updates(params, updates), opt
 
-    return timed(step, params, opt, images, labels, calls=calls) * 1e3
+    return timed(step, params, opt, images, labels, calls=calls)
 
 
 def inference(net, params, batch, resolution, calls):
@@ -103,7 +91,7 @@ def inference(net, params, batch, resolution, calls):
     compiled = forward.lower(params, images).compile()
     m = compiled.memory_analysis()
     mib = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / 2 ** 20
-    return batch / timed(compiled, params, images, calls=calls), mib
+    return batch / timed(compiled, params, images, calls=calls) * 1e3, mib
 
 
 def train_rows(size, batch, calls):

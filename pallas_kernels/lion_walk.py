@@ -32,23 +32,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _next_pow2, _pad_axis
-from pallas_kernels.value_decay import UNROLL
+from pallas_kernels.value_decay import UNROLL, walk_inputs_reason
 
-_FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 BLOCK_V = 16
 
 
 def unsupported_reason(q, k, v, log_decay):
     """Why :func:`lion_walk` cannot take these inputs, or None when it can."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.ndim != 4:
-            return f"{name} must be [B, L, H, D]; got shape {x.shape}"
-        if x.dtype not in _FLOATS:
-            return f"{name} must be float32, bfloat16 or float16; got {x.dtype}"
-    if not 1 <= q.shape[-1] <= 256:
-        return f"q and k head dim must be in [1, 256]; got {q.shape[-1]}"
-    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        return f"q, k must be [B, L, H, K] and v [B, L, H, V] alike; got {q.shape}, {k.shape}, {v.shape}"
+    reason = walk_inputs_reason(q, k, v, max_k=256)
+    if reason is not None:
+        return reason
     if log_decay is not None and log_decay.shape not in (q.shape[:3], v.shape):
         return (f"log_decay must be None, [B, L, H] = {q.shape[:3]} or [B, L, H, V] = "
                 f"{v.shape}; got {log_decay.shape}")

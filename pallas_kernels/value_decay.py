@@ -56,19 +56,28 @@ BLOCK_V = 16
 UNROLL = 4
 
 
-def unsupported_reason(q, k, v, log_decay):
-    """Why :func:`lion_value_decay` cannot take these inputs, or None when it can."""
+def walk_inputs_reason(q, k, v, max_k):
+    """Why the token walks (this module's and ``lion_walk.py``'s) cannot take q, k, v: ranks,
+    dtypes, head dims (K up to ``max_k``, V up to 256) and matching shapes; or None."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             return f"{name} must be [B, L, H, D]; got shape {x.shape}"
         if x.dtype not in _FLOATS:
             return f"{name} must be float32, bfloat16 or float16; got {x.dtype}"
-    if not 1 <= q.shape[-1] <= 128:
-        return f"q and k head dim must be in [1, 128]; got {q.shape[-1]}"
+    if not 1 <= q.shape[-1] <= max_k:
+        return f"q and k head dim must be in [1, {max_k}]; got {q.shape[-1]}"
     if not 1 <= v.shape[-1] <= 256:
         return f"v head dim must be in [1, 256]; got {v.shape[-1]}"
     if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
         return f"q, k must be [B, L, H, K] and v [B, L, H, V] alike; got {q.shape}, {k.shape}, {v.shape}"
+    return None
+
+
+def unsupported_reason(q, k, v, log_decay):
+    """Why :func:`lion_value_decay` cannot take these inputs, or None when it can."""
+    reason = walk_inputs_reason(q, k, v, max_k=128)
+    if reason is not None:
+        return reason
     if log_decay is None or log_decay.shape != v.shape:
         got = None if log_decay is None else log_decay.shape
         return f"log_decay must be [B, L, H, V] = {v.shape} (a decay per value feature); got {got}"
