@@ -508,3 +508,18 @@ def test_softmax_attention_matches_formula(rng, impl):
         out = np.einsum("hij,jhk->ihk", w, v[b, :n]).reshape(n, H * K)
         expected = out @ p["out"]["kernel"] + p["out"]["bias"]
         assert rel_err(y[b, :n], expected) < 1e-5
+
+
+def test_permute_tokens_gradient_is_the_inverse_gather(rng):
+    """lion.permute_tokens: x[:, order], and its gradient the inverse permutation's gather
+    (the same values as differentiating the gather, with no scatter in the program)."""
+    from lion_jax.layers.lion import permute_tokens
+    L = 37
+    order = rng.permutation(L)
+    x = jnp.asarray(rng.standard_normal((2, L, 3)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((2, L, 3)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(permute_tokens(x, order)), np.asarray(x)[:, order])
+    loss = lambda x: jnp.sum(permute_tokens(x, order) * w)  # noqa: E731
+    want = jax.grad(lambda x: jnp.sum(x[:, order] * w))(x)
+    np.testing.assert_array_equal(np.asarray(jax.grad(loss)(x)), np.asarray(want))
+    assert "scatter" not in str(jax.make_jaxpr(jax.grad(loss))(x))

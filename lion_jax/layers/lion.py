@@ -78,6 +78,22 @@ def zoh_value_scales(log_decays: np.ndarray) -> np.ndarray:
     return np.expm1(log_decays) / eigenvalues
 
 
+def permute_tokens(x, order):
+    """``x[:, order]`` for ``x [B, L, ...]`` and a permutation ``order [L]`` (numpy), whose
+    gradient is the inverse permutation's gather (not the scatter-add that differentiating a
+    gather gives: a permutation's cotangents never collide, so a gather does)."""
+    order = np.asarray(order)
+    inverse = np.argsort(order)
+    take = lambda t, idx: jnp.take(t, idx, axis=1, mode="clip")  # noqa: E731  (in bounds)
+
+    @jax.custom_vjp
+    def permute(x):
+        return take(x, order)
+
+    permute.defvjp(lambda x: (take(x, order), None), lambda _, dy: (take(dy, inverse),))
+    return permute(x)
+
+
 def _mix_in_orders(op, orders, q, k, v, log_decay, *, kwargs):
     """``op(..., normalize=False)`` on the tokens as they are (``orders`` None), or averaged
     over running it on the tokens permuted by each order (the output put back in place)."""
@@ -85,10 +101,9 @@ def _mix_in_orders(op, orders, q, k, v, log_decay, *, kwargs):
         return op(q, k, v, log_decay, normalize=False, **kwargs)
     total = 0.0
     for order in orders:
-        order = np.asarray(order)
-        take = lambda t: None if t is None else jnp.take(t, order, axis=1)  # noqa: E731
+        take = lambda t: None if t is None else permute_tokens(t, order)  # noqa: E731
         y = op(take(q), take(k), take(v), take(log_decay), normalize=False, **kwargs)
-        total = total + jnp.take(y, np.argsort(order), axis=1).astype(jnp.float32)
+        total = total + permute_tokens(y, np.argsort(np.asarray(order))).astype(jnp.float32)
     return total / len(orders)
 
 
