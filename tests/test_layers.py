@@ -511,9 +511,9 @@ def test_softmax_attention_matches_formula(rng, impl):
 
 
 def test_permute_tokens_gradient_is_the_inverse_gather(rng):
-    """lion.permute_tokens: x[:, order], and its gradient the inverse permutation's gather
+    """ops.orders.permute_tokens: x[:, order], and its gradient the inverse permutation's gather
     (the same values as differentiating the gather, with no scatter in the program)."""
-    from lion_jax.layers.lion import permute_tokens
+    from lion_jax.ops.orders import permute_tokens
     L = 37
     order = rng.permutation(L)
     x = jnp.asarray(rng.standard_normal((2, L, 3)), jnp.float32)

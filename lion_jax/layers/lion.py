@@ -78,35 +78,6 @@ def zoh_value_scales(log_decays: np.ndarray) -> np.ndarray:
     return np.expm1(log_decays) / eigenvalues
 
 
-def permute_tokens(x, order):
-    """``x[:, order]`` for ``x [B, L, ...]`` and a permutation ``order [L]`` (numpy), whose
-    gradient is the inverse permutation's gather (not the scatter-add that differentiating a
-    gather gives: a permutation's cotangents never collide, so a gather does)."""
-    order = np.asarray(order)
-    inverse = np.argsort(order)
-    take = lambda t, idx: jnp.take(t, idx, axis=1, mode="clip")  # noqa: E731  (in bounds)
-
-    @jax.custom_vjp
-    def permute(x):
-        return take(x, order)
-
-    permute.defvjp(lambda x: (take(x, order), None), lambda _, dy: (take(dy, inverse),))
-    return permute(x)
-
-
-def _mix_in_orders(op, orders, q, k, v, log_decay, *, kwargs):
-    """``op(..., normalize=False)`` on the tokens as they are (``orders`` None), or averaged
-    over running it on the tokens permuted by each order (the output put back in place)."""
-    if orders is None:
-        return op(q, k, v, log_decay, normalize=False, **kwargs)
-    total = 0.0
-    for order in orders:
-        take = lambda t: None if t is None else permute_tokens(t, order)  # noqa: E731
-        y = op(take(q), take(k), take(v), take(log_decay), normalize=False, **kwargs)
-        total = total + permute_tokens(y, np.argsort(np.asarray(order))).astype(jnp.float32)
-    return total / len(orders)
-
-
 def _constant_init(values: np.ndarray):
     """An initializer returning ``values`` (reshaped to the requested shape)."""
     def init(key, shape, dtype=jnp.float32):
@@ -393,7 +364,11 @@ class LionAttention(nn.Module):
         kwargs = dict(impl=self.impl, chunk_size=self.chunk_size, eps=self.eps)
         if self.centre_values:  # checked in __post_init__: bidirectional and normalised
             kwargs["centre_values"] = True
-        plain = self.variant != "xlstm" and not self.normalize_unmasked and orders is None
+        if orders is not None:
+            if self.causal:
+                raise ValueError("orders need a bidirectional mixer (causal=False)")
+            kwargs["orders"] = orders
+        plain = self.variant != "xlstm" and not self.normalize_unmasked
         if plain and (value_scale is None or not self.scaled):
             if value_scale is not None:
                 v = v * value_scale.astype(v.dtype)
@@ -406,7 +381,7 @@ class LionAttention(nn.Module):
                    else value_scale.astype(dtype))
         if value_scale is not None:
             v = v * value_scale.astype(v.dtype)
-        mix = functools.partial(_mix_in_orders, op, orders, kwargs=kwargs)
+        mix = functools.partial(op, normalize=False, **kwargs)
         if self.normalize_unmasked:  # checked in __post_init__: bidirectional and normalised
             num = mix(q, k, v, log_decay).astype(dtype)
             k_sum = jnp.einsum("bjhk,bjhw->bhkw", k.astype(dtype), weights)
@@ -433,8 +408,7 @@ class LionAttention(nn.Module):
         ``orders``: None, or a sequence of permutations of the L tokens (int arrays ``[L]``,
         e.g. the patch orders of :func:`lion_jax.models.vit.token_orders`): the mask is then
         the average of the masks the decays build along each order (LION-S v2, paper C.8: the
-        reference averages the masks), i.e. the op runs once per order on the permuted tokens
-        and numerators and denominators are averaged before SCALE.
+        reference averages the masks): the op's ``orders`` (:func:`lion_jax.ops.lion_attention`).
 
         Sows ``(q, k, v, log_decay, key_scale)`` into the ``'intermediates'`` collection as
         ``mixer_inputs``: ``q, k [B, L, H, K]`` (>= float32) after the feature map and the

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lion_jax.ops import attention, chunk, recurrent
+from lion_jax.ops import orders as orders_lib
 
 IMPLS = ("attention", "recurrent", "chunk", "pallas", "auto")
 
@@ -28,7 +29,7 @@ _BIDIRECTIONAL_FORMS = {"attention": attention.bidirectional, "recurrent": recur
 
 
 def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="auto",
-                   chunk_size=64, centre_values=False):
+                   chunk_size=64, centre_values=False, orders=None):
     """LION bidirectional masked linear attention ``SCALE(Q K^T * M) V`` (paper Eq. 28).
 
     ``M_ij = exp(-|A_i - A_j|)`` with ``A = cumsum(log_decay)`` over the sequence.
@@ -56,6 +57,13 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
         decay the gradients keep their precision (bf16, no decay, v = |N(0, 1)| + 2, L = 4K:
         dq's relative error 5.2e-1 -> 3.3e-3), for ~5 % more time. The XLA forms compute in
         float32 and do not need it; they ignore it.
+      orders: None, or a sequence of token permutations (int arrays ``[L]``, e.g. the patch
+        orders of LION-S v2, paper C.8): ``M`` is then the average of the masks of the decays
+        accumulated along each order (:mod:`lion_jax.ops.orders`), in numerator and
+        denominator. "attention" averages the masks; the other forms run once per order on the
+        permuted tokens and average numerators and denominators before SCALE (16-bit inputs:
+        each rounded to the input dtype first). "auto" takes "attention" up to
+        ``AUTO_ATTENTION_MAX_LEN`` tokens (one masked product for all orders).
     Returns:
       ``[B, L, H, V]`` in ``v.dtype``.
     """
@@ -67,8 +75,14 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
         raise ValueError(f"{name}: centre_values=True needs normalize=True (without the "
                          "normaliser the output is linear in v and nothing cancels)")
     value_decay = log_decay is not None and log_decay.ndim == 4
+    if orders is not None:
+        orders = orders_lib.check_orders(name, orders, q.shape[1])
+        if impl == "auto" and q.shape[1] <= AUTO_ATTENTION_MAX_LEN:
+            impl = "attention"
     impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize,
                          value_decay=value_decay)
+    if orders is not None and impl != "attention":
+        return _lion_in_orders(q, k, v, log_decay, orders, impl, normalize, eps, chunk_size)
     if impl == "pallas" and value_decay:
         return _value_decay_kernel(name, q, k, v, log_decay, normalize, eps)
     if impl == "pallas":
@@ -78,11 +92,35 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
 
     if impl == "recurrent" and _walk_kernel(q, k, v, log_decay) is not None:
         return _recurrent_walk(q, k, v, log_decay, normalize, float(eps))
-    return _xla_lion(q, k, v, log_decay, impl, normalize, eps, chunk_size)
+    return _xla_lion(q, k, v, log_decay, impl, normalize, eps, chunk_size, orders)
 
 
-def _xla_lion(q, k, v, log_decay, impl, normalize, eps, chunk_size=64):
-    """lion_attention on the XLA form ``impl`` ("attention", "recurrent" or "chunk")."""
+def _lion_in_orders(q, k, v, log_decay, orders, impl, normalize, eps, chunk_size):
+    """lion_attention with several orders on a form other than the materialized one: the
+    numerators (and the denominators, with the decays of their own columns) of each order's
+    permuted tokens, averaged, then SCALE."""
+    def numerator(v, log_decay):
+        form = functools.partial(lion_attention, normalize=False, impl=impl,
+                                 chunk_size=chunk_size)
+        return orders_lib.average_in_orders(form, orders, q, k, v, log_decay).astype(
+            _compute_dtype(v.dtype))
+
+    if not normalize:
+        return numerator(v, log_decay).astype(v.dtype)
+    if log_decay is not None and log_decay.ndim == 4:  # a ones column per value column
+        out = numerator(jnp.concatenate([v, jnp.ones_like(v)], axis=-1),
+                        jnp.concatenate([log_decay, log_decay], axis=-1))
+        num, den = jnp.split(out, 2, axis=-1)
+    else:  # the kernels would pad V + 1 columns to 2 V: the denominator as its own call, on
+        # the kernels' narrowest value block (16 columns) or one column
+        ones = jnp.ones(v.shape[:-1] + (16 if impl == "pallas" else 1,), v.dtype)
+        num, den = numerator(v, log_decay), numerator(ones, log_decay)[..., :1]
+    return (num / (den + eps)).astype(v.dtype)
+
+
+def _xla_lion(q, k, v, log_decay, impl, normalize, eps, chunk_size=64, orders=None):
+    """lion_attention on the XLA form ``impl`` ("attention", "recurrent" or "chunk"); orders
+    (the materialized form only) as in :func:`lion_attention`."""
     value_decay = log_decay is not None and log_decay.ndim == 4
     out_dtype = v.dtype
     dtype = _compute_dtype(out_dtype)
@@ -95,6 +133,8 @@ def _xla_lion(q, k, v, log_decay, impl, normalize, eps, chunk_size=64):
         v = _append_ones(v)
     if impl == "chunk":
         y = chunk.bidirectional(q, k, v, log_decay, chunk_size=chunk_size, value_decay=value_decay)
+    elif impl == "attention":
+        y = attention.bidirectional(q, k, v, log_decay, value_decay=value_decay, orders=orders)
     else:
         y = _BIDIRECTIONAL_FORMS[impl](q, k, v, log_decay, value_decay=value_decay)
     if normalize:

@@ -8,6 +8,7 @@ Inputs are in the compute dtype (float32 or float64); normalisation is applied b
 import jax.numpy as jnp
 
 from lion_jax.ops import masks
+from lion_jax.ops import orders as orders_lib
 from lion_jax.ops._utils import decay_factor, einsum
 
 
@@ -62,7 +63,7 @@ def causal(q, k, v, log_decay=None, initial_state=None, *, value_decay=False):
     return y, final_state
 
 
-def bidirectional(q, k, v, log_decay=None, *, value_decay=False):
+def bidirectional(q, k, v, log_decay=None, *, value_decay=False, orders=None):
     """LION's bidirectional masked attention ``(Q K^T * M) V``, ``M_ij = exp(-|A_i - A_j|)``.
 
     Args:
@@ -70,13 +71,20 @@ def bidirectional(q, k, v, log_decay=None, *, value_decay=False):
         ``value_decay`` ``[B, L, H, V]``: then ``M`` is ``L x L x V`` and multiplies each value
         column (paper Eq. 136).
       value_decay: ``log_decay`` is per value feature.
+      orders: None, or token permutations (numpy ``[L]``): ``M`` is the average of the masks
+        of the decays accumulated along each order (:mod:`lion_jax.ops.orders`).
     Returns:
       ``[B, L, H, V]`` (not normalised).
     """
-    A = _cumulative(log_decay, q)
-    if value_decay and A.ndim == 4:
-        return _masked_per_value(q, k, v, masks.bidirectional_mask(jnp.transpose(A, (0, 2, 3, 1))))
-    mask = masks.bidirectional_mask(jnp.transpose(A, (0, 2, 1)))  # [B, H, L, L]
+    per_value = value_decay and log_decay is not None and log_decay.ndim == 4
+    if orders is None or log_decay is None:
+        A = _cumulative(log_decay, q)
+        mask = masks.bidirectional_mask(jnp.moveaxis(A, 1, -1))  # [B, H(, V), L, L]
+    else:
+        mask = sum(orders_lib.mask_in_order(masks.bidirectional_mask, log_decay, p)
+                   for p in orders) / len(orders)
+    if per_value:
+        return _masked_per_value(q, k, v, mask)
     scores = einsum("bihk,bjhk->bhij", q, k) * mask
     return einsum("bhij,bjhv->bihv", scores, v)
 
