@@ -4,9 +4,10 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
         [--infer_batch 128] [--resolutions 224,448,672,896,1248] [--calls 10]
 
 (a) Train step at 224 px (patch 16, 197 tokens), batch ``--train_batch``: forward, backward
-    and an AdamW update of ViT-T/S with softmax attention (cuDNN's flash attention, or XLA's
-    where cuDNN refuses the shape: the table says which ran) against LION-LIT, LION-D, LION-S
-    and LION-S (v2) of the same size with ``impl="auto"``.
+    and an AdamW update of ViT-T/S with softmax attention (cuDNN's flash attention, which
+    takes 198 tokens, one padded and masked: ``layers.softmax.padded_to_even``; and XLA's)
+    against LION-LIT, LION-D, LION-S and LION-S (v2) of the same size with ``impl="auto"``. A
+    side that cannot run is a row with the reason.
 (b) Inference at each resolution, batch ``--infer_batch``, bf16: images/s and XLA's compiled
     memory (arguments + outputs + temporaries of the whole jitted forward) of ViT with cuDNN
     flash attention (learned positions resized) and with plain XLA softmax, and of LION-S with

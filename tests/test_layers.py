@@ -523,3 +523,20 @@ def test_permute_tokens_gradient_is_the_inverse_gather(rng):
     want = jax.grad(lambda x: jnp.sum(x[:, order] * w))(x)
     np.testing.assert_array_equal(np.asarray(jax.grad(loss)(x)), np.asarray(want))
     assert "scatter" not in str(jax.make_jaxpr(jax.grad(loss))(x))
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_softmax_padded_to_even_is_the_same_attention(rng, with_mask):
+    """softmax.padded_to_even (cuDNN's even lengths): one masked zero token changes nothing."""
+    from lion_jax.layers.softmax import padded_to_even
+    B, L, H, K = 2, 13, 2, 8
+    q, k, v = (jnp.asarray(rng.standard_normal((B, L, H, K)), jnp.float32) for _ in range(3))
+    lengths = jnp.asarray([13, 9], jnp.int32) if with_mask else None
+    want = jax.nn.dot_product_attention(q, k, v, query_seq_lengths=lengths,
+                                        key_value_seq_lengths=lengths, implementation="xla")
+    pq, pk, pv, plen = padded_to_even(q, k, v, lengths)
+    assert pq.shape[1] == L + 1
+    got = jax.nn.dot_product_attention(pq, pk, pv, query_seq_lengths=plen,
+                                       key_value_seq_lengths=plen, implementation="xla")[:, :L]
+    keep = np.arange(L)[None, :] < (np.asarray(lengths)[:, None] if with_mask else np.full((B, 1), L))
+    np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(want)[keep], atol=1e-6)

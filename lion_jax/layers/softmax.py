@@ -71,7 +71,21 @@ class SoftmaxAttention(nn.Module):
         q, k, v = (self._dense(H * K, ("embed", "heads"), name)(x).reshape(B, L, H, K)
                    for name in ("query", "key", "value"))
         lengths = None if mask is None else jnp.sum(mask, axis=1, dtype=jnp.int32)
+        implementation = self._implementation(q)
+        if implementation == "cudnn" and L % 2:
+            q, k, v, lengths = padded_to_even(q, k, v, lengths)
         y = jax.nn.dot_product_attention(
             q, k, v, is_causal=self.causal, query_seq_lengths=lengths,
-            key_value_seq_lengths=lengths, implementation=self._implementation(q))
+            key_value_seq_lengths=lengths, implementation=implementation)[:, :L]
         return self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * K))
+
+
+def padded_to_even(q, k, v, lengths):
+    """``q, k, v [B, L, H, K]`` with one zero token appended and the sequence lengths that
+    mask it (``lengths`` None: all L tokens). cuDNN's flash attention takes only even lengths
+    when it is differentiated (jax 0.11.2 on an H100: "Unsupported sequence length Q 197, KV
+    197" for ViT's 196 patches + CLS): the padded key is masked, the padded query's row
+    dropped by the caller, so the result is the same."""
+    B, L = q.shape[:2]
+    q, k, v = (jnp.pad(t, ((0, 0), (0, 1), (0, 0), (0, 0))) for t in (q, k, v))
+    return q, k, v, jnp.full((B,), L, jnp.int32) if lengths is None else lengths
