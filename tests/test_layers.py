@@ -538,5 +538,6 @@ def test_softmax_padded_to_even_is_the_same_attention(rng, with_mask):
     assert pq.shape[1] == L + 1
     got = jax.nn.dot_product_attention(pq, pk, pv, query_seq_lengths=plen,
                                        key_value_seq_lengths=plen, implementation="xla")[:, :L]
-    keep = np.arange(L)[None, :] < (np.asarray(lengths)[:, None] if with_mask else np.full((B, 1), L))
+    ends = np.asarray(lengths)[:, None] if with_mask else np.full((B, 1), L)
+    keep = np.arange(L)[None, :] < ends
     np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(want)[keep], atol=1e-6)
