@@ -79,6 +79,15 @@ def test_run_errors_are_one_line(tmp_path, cache_dir):
     assert os.listdir(workdir / "checkpoints") == ["2"]
 
 
+def test_eval_split_missing_from_the_data_is_one_line(tmp_path, cache_dir):
+    result = run("--config", TINY, f"--config.data.cache_dir={cache_dir}",
+                 "--config.eval_splits=('val','dev')", "--workdir", str(tmp_path / "run"))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: config.eval_splits has 'dev'; the dataset has train, val, test")
+
+
 def test_missing_lra_files_are_one_line(tmp_path):
     result = run("--config", TINY, "--config.data.source=tsv",
                  f"--config.data.data_dir={tmp_path}", "--workdir", str(tmp_path / "run"))
