@@ -23,6 +23,7 @@ setup(
         "ml-collections>=1.0",
         "numpy>=1.26",
         "tqdm>=4.66",
+        "tokenizers>=0.20",  # WordPiece for the MLM data (encode_batch_fast: 0.20)
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "pillow>=10", "matplotlib>=3.8"],
