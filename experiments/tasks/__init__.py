@@ -14,7 +14,8 @@ import jax
 from experiments.errors import UserError
 
 TASKS = {"classification": "experiments.tasks.classification:ClassificationTask",
-         "vision": "experiments.tasks.vision:VisionTask"}
+         "vision": "experiments.tasks.vision:VisionTask",
+         "mlm": "experiments.tasks.mlm:MLMTask"}
 
 
 class Task(Protocol):
