@@ -11,9 +11,11 @@ directory and renames it), so a run killed at any moment leaves its earlier chec
 intact. Saves are asynchronous; :meth:`Checkpointer.close` waits for them.
 """
 
+import json
 import os
 
 import jax
+import ml_collections
 import orbax.checkpoint as ocp
 
 from experiments.errors import UserError
@@ -78,6 +80,28 @@ class Checkpointer:
         for manager in (self._latest, self._best):
             manager.wait_until_finished()
             manager.close()
+
+
+def load_best_run(workdir, task, program):
+    """``(config, step, params)``: ``workdir``'s config and best checkpoint, for ``program``
+    (a name for the messages), which applies to ``task`` runs; UserError (one line) when the
+    workdir is not a run, is another task's, or has no best checkpoint yet."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise UserError(f"{path} not found: --workdir must be the workdir of a training run")
+    with open(path) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    if config.task != task:
+        raise UserError(f"{workdir} is a {config.task!r} run; {program} applies to {task} runs")
+    best = Checkpointer(workdir, keep=1)
+    try:
+        restored = best.restore_best_params()
+    finally:
+        best.close()
+    if restored is None:
+        raise UserError(f"{workdir} has no best checkpoint yet (it appears at the first "
+                        "evaluation)")
+    return config, *restored
 
 
 def _manager(directory, max_to_keep):

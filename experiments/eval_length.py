@@ -21,7 +21,6 @@ the embedded and tfds sources, where that does not move the evaluation split's d
 """
 
 import json
-import os
 import sys
 
 import jax
@@ -30,7 +29,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags, logging
 
-from experiments.checkpointing import Checkpointer
+from experiments.checkpointing import load_best_run
 from experiments.errors import UserError
 from experiments.tasks import get_task
 
@@ -49,22 +48,7 @@ def define_flags():
 
 def load_run(workdir):
     """``(config, step, params)`` of ``workdir``'s config and best checkpoint."""
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise UserError(f"{path} not found: --workdir must be the workdir of a training run")
-    with open(path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    if config.task != "mlm":
-        raise UserError(f"{workdir} is a {config.task!r} run; eval_length applies to mlm runs")
-    best = Checkpointer(workdir, keep=1)
-    try:
-        restored = best.restore_best_params()
-    finally:
-        best.close()
-    if restored is None:
-        raise UserError(f"{workdir} has no best checkpoint yet (it appears at the first "
-                        "evaluation)")
-    return config, *restored
+    return load_best_run(workdir, "mlm", "eval_length")
 
 
 def _length_config(config, length, split, vocab_file, lowercase):

@@ -12,8 +12,6 @@ positions, stored for the training grid, are resized bilinearly to each new grid
 (``lion_jax.models.vit``). Resolutions must be multiples of the patch size.
 """
 
-import json
-import os
 import sys
 
 import jax
@@ -21,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags, logging
 
-from experiments.checkpointing import Checkpointer
+from experiments.checkpointing import load_best_run
 from experiments.errors import UserError
 from experiments.tasks import get_task
 from experiments.trainer import _averages, make_eval_step
@@ -41,22 +39,7 @@ def define_flags():
 
 def load_run(workdir):
     """``(config, step, params)`` of ``workdir``'s config and best checkpoint."""
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise UserError(f"{path} not found: --workdir must be the workdir of a training run")
-    with open(path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    if config.task != "vision":
-        raise UserError(f"{workdir} is a {config.task!r} run; resolutions apply to vision runs")
-    best = Checkpointer(workdir, keep=1)
-    try:
-        restored = best.restore_best_params()
-    finally:
-        best.close()
-    if restored is None:
-        raise UserError(f"{workdir} has no best checkpoint yet (it appears at the first "
-                        "evaluation)")
-    return config, *restored
+    return load_best_run(workdir, "vision", "eval_resolution")
 
 
 def evaluate(config, params, resolution, split, batch_size):
