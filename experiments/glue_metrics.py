@@ -38,6 +38,8 @@ Matthews also come from confusion counts (:func:`f1_from_counts`,
 (STS-B) need every prediction of the split, gathered on the host.
 """
 
+import math
+
 import numpy as np
 
 from experiments.data import glue
@@ -202,3 +204,31 @@ def task_score(task, preds, labels):
                          f"{', '.join(needed)}; missing {', '.join(missing)}")
     return score_from_metrics(t.name, {s: task_metrics(t.name, preds[s], labels[s])
                                        for s in needed})
+
+
+# What a fine-tuning run's evaluation records hold where a metric is not an average over
+# examples (experiments/tasks/glue.py): the confusion fractions (class 1 positive) and the
+# moments of predictions and targets.
+CONFUSION_KEYS = ("tp", "fp", "fn", "tn")
+MOMENT_KEYS = ("pred", "target", "pred_target", "pred_sq", "target_sq")
+
+
+def derive_metrics(task, metrics):
+    """``metrics`` (one eval record's averages) plus the GLUE keys derivable from them:
+    ``f1`` and ``matthews`` from the confusion fractions, ``pearson`` from the moments.
+    Keys already there are kept. (Spearman needs every prediction: not derivable.)"""
+    t = glue.get_task(task)
+    out = dict(metrics)
+    if all(k in metrics for k in CONFUSION_KEYS):
+        tp, fp, fn, tn = (float(metrics[k]) for k in CONFUSION_KEYS)
+        if "f1" in t.metrics:
+            out.setdefault("f1", f1_from_counts(tp, fp, fn))
+        if "matthews" in t.metrics:
+            out.setdefault("matthews", matthews_from_confusion(
+                [[tn, fp], [fn, tp]]))
+    if all(k in metrics for k in MOMENT_KEYS):
+        x, y, xy, xx, yy = (float(metrics[k]) for k in MOMENT_KEYS)
+        cov, vx, vy = xy - x * y, xx - x * x, yy - y * y
+        denom = math.sqrt(max(vx, 0.0) * max(vy, 0.0))
+        out.setdefault("pearson", float(np.clip(cov / denom, -1, 1)) if denom > 0 else 0.0)
+    return out

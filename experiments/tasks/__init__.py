@@ -15,7 +15,8 @@ from experiments.errors import UserError
 
 TASKS = {"classification": "experiments.tasks.classification:ClassificationTask",
          "vision": "experiments.tasks.vision:VisionTask",
-         "mlm": "experiments.tasks.mlm:MLMTask"}
+         "mlm": "experiments.tasks.mlm:MLMTask",
+         "glue": "experiments.tasks.glue:GlueTask"}
 
 
 class Task(Protocol):
