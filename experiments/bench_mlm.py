@@ -39,6 +39,7 @@ import optax
 from absl import app, flags
 
 from experiments.bench_value_decay import timed
+from experiments.bench_vision import two_panels
 from lion_jax.models import BertForMaskedLM
 from lion_jax.models.bert import bert_size
 
@@ -191,23 +192,8 @@ def markdown(device, size, batch, calls, names, results, lengths, train_results=
 
 def plot(path, names, results, lengths):
     """Two panels, ms per batch and compiled MiB against length (log scales)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name in names:
-        pts = [(n, results[name, n]) for n in lengths if not isinstance(results[name, n], str)]
-        if pts:
-            axes[0].plot([n for n, _ in pts], [x[0] for _, x in pts], "o-", label=name)
-            axes[1].plot([n for n, _ in pts], [x[1] for _, x in pts], "o-", label=name)
-    axes[0].set(xlabel="sequence length (tokens)", ylabel="ms / batch", xscale="log",
-                yscale="log")
-    axes[1].set(xlabel="sequence length (tokens)", ylabel="compiled memory (MiB)", xscale="log",
-                yscale="log")
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    two_panels(path, names, results, lengths, xlabel="sequence length (tokens)",
+               speed_label="ms / batch", xscale="log")
 
 
 def main(argv):

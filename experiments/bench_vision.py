@@ -157,21 +157,29 @@ def markdown(device, size, train, train_batch, names, results, resolutions, infe
     return "\n".join(lines) + "\n"
 
 
-def plot(path, names, results, resolutions):
+def two_panels(path, names, results, xs, *, xlabel, speed_label, xscale="linear"):
+    """``results[name, x]``: ``(speed, MiB)`` or a failure string; one line per name in two
+    panels (speed, compiled memory) against ``xs``, log-scaled values; written to ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for n in names:
-        pts = [(r, results[n, r]) for r in resolutions if not isinstance(results[n, r], str)]
+        pts = [(x, results[n, x]) for x in xs if not isinstance(results[n, x], str)]
         if pts:
-            axes[0].plot([r for r, _ in pts], [x[0] for _, x in pts], "o-", label=n)
-            axes[1].plot([r for r, _ in pts], [x[1] for _, x in pts], "o-", label=n)
-    axes[0].set(xlabel="resolution (px)", ylabel="images / s", yscale="log")
-    axes[1].set(xlabel="resolution (px)", ylabel="compiled memory (MiB)", yscale="log")
+            axes[0].plot([x for x, _ in pts], [r[0] for _, r in pts], "o-", label=n)
+            axes[1].plot([x for x, _ in pts], [r[1] for _, r in pts], "o-", label=n)
+    axes[0].set(xlabel=xlabel, ylabel=speed_label, xscale=xscale, yscale="log")
+    axes[1].set(xlabel=xlabel, ylabel="compiled memory (MiB)", xscale=xscale, yscale="log")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot(path, names, results, resolutions):
+    two_panels(path, names, results, resolutions, xlabel="resolution (px)",
+               speed_label="images / s")
 
 
 def main(argv):
