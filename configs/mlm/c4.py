@@ -47,7 +47,7 @@ VARIANTS = {
     "bert_large": "BERT-LARGE baseline (peak learning rate 2e-4)",
     "lit_large": "LION-LIT BERT-LARGE (peak learning rate 2e-4)",
     "retnet_large": "LION-RETNET BERT-LARGE (peak learning rate 2e-4)",
-    "small": "a few GPU minutes: LION-S, 4 layers of width 256, 128-token rows of the embedded "
+    "small": "a short GPU run (untimed): LION-S, 4 layers of width 256, 128-token rows of the embedded "
              "corpus, 3000 steps of 128 (for the length check: eval_length at 128..512)",
     "small_bert": "the small run with softmax attention and 128 learned positions "
                   "(eval_length reports n/a past 128)",

@@ -1,4 +1,4 @@
-"""LION-S ViT-T on the embedded shapes images (64 px, patch 8), a run of a few minutes on a GPU.
+"""LION-S ViT-T on the embedded shapes images (64 px, patch 8); not yet run on a GPU.
 
 Run:  python -m experiments.train --config configs/vision/shapes.py[:variant] [--workdir DIR]
 
@@ -24,8 +24,9 @@ VARIANTS = {
     "d": "LION-D (a learned decay per head)",
     "s_v2": "LION-S (v2): masks of the row- and column-snake patch orders averaged",
     "vit": "ViT baseline: softmax attention (cuDNN on GPU) with learned positions",
-    "quick": "CPU run of about three minutes: 32 px (patch 4), 4 layers of width 64, 5k "
-             "images, 600 steps (2 cores, 2026-11-25: 0.37-0.38 test accuracy, chance 0.10)",
+    "quick": "CPU run of under two minutes: 32 px (patch 4), 4 layers of width 64, 5k "
+             "images, 600 steps (2 cores, 2026-11-25: 97 s, 0.37 test accuracy, chance 0.10; "
+             "docs/benchmarks.md)",
     "tiny": "seconds-long run for tests: 40 images of 16 px, a 1-layer width-16 model, 4 steps",
 }
 
