@@ -2,6 +2,7 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
 
     python -m experiments.bench_vision [--out DIR] [--size tiny] [--train_batch 256]
         [--infer_batch 128] [--resolutions 224,448,672,896,1248] [--calls 10]
+        [--skip_train] [--inference_sides "LION-S, pallas;ViT, cuDNN flash"]
 
 (a) Train step at 224 px (patch 16, 197 tokens), batch ``--train_batch``: forward, backward
     and an AdamW update of ViT-T/S with softmax attention (cuDNN's flash attention, which
@@ -47,6 +48,10 @@ def define_flags():
                       "Inference resolutions (multiples of 16).")
     flags.DEFINE_integer("calls", 10, "Calls timed back to back.")
     flags.DEFINE_bool("skip_train", False, "Only the inference part.")
+    flags.DEFINE_string("inference_sides", None,
+                        "Inference sides to run (default all): names as in the table, "
+                        "separated by ';', e.g. 'LION-S, recurrent;ViT, cuDNN flash'; an "
+                        "empty value skips inference.")
 
 
 def model(size, kind, mixer=None, orders=("raster",), image_size=224):
@@ -96,28 +101,34 @@ def inference(net, params, batch, resolution, calls):
 
 
 def train_rows(size, batch, calls):
+    sides = [(f"ViT ({'cuDNN flash' if impl == 'cudnn' else 'XLA'} softmax)",
+              model(size, "softmax", dict(impl=impl))) for impl in ("cudnn", "xla")]
+    sides += [(name, model(size, "lion", dict(mixer, impl="auto")))
+              for name, mixer in LION.items()]
+    sides.append(("LION-S (v2)", model(size, "lion", dict(LION["LION-S"], impl="auto"),
+                                       ("row_snake", "col_snake"))))
     rows = []
-    for impl in ("cudnn", "xla"):
-        name = f"ViT ({'cuDNN flash' if impl == 'cudnn' else 'XLA'} softmax)"
+    for name, net in sides:
         try:
-            rows.append((name, train_step_ms(model(size, "softmax", dict(impl=impl)), batch,
-                                             calls)))
+            rows.append((name, train_step_ms(net, batch, calls)))
         except Exception as e:  # noqa: BLE001  a refused shape is a row of the table
             rows.append((name, failure(e)))
-    for name, mixer in LION.items():
-        rows.append((name, train_step_ms(model(size, "lion", dict(mixer, impl="auto")), batch,
-                                         calls)))
-    rows.append(("LION-S (v2)", train_step_ms(
-        model(size, "lion", dict(LION["LION-S"], impl="auto"), ("row_snake", "col_snake")),
-        batch, calls)))
+        print(f"  train step, {name}: {rows[-1][1]}", flush=True)
     return rows
 
 
-def inference_rows(size, batch, resolutions, calls):
+def inference_rows(size, batch, resolutions, calls, only=None):
+    """``only``: the names of the sides to run (all when None)."""
     sides = [("ViT, cuDNN flash", model(size, "softmax", dict(impl="cudnn"))),
              ("ViT, XLA softmax", model(size, "softmax", dict(impl="xla")))]
     sides += [(f"LION-S, {impl}", model(size, "lion", dict(LION["LION-S"], impl=impl)))
               for impl in INFER_IMPLS]
+    if only is not None:
+        unknown = set(only) - {name for name, _ in sides}
+        if unknown:
+            raise ValueError(f"--inference_sides: unknown {sorted(unknown)}; the sides are "
+                             f"{[name for name, _ in sides]}")
+        sides = [(name, net) for name, net in sides if name in only]
     results = {}
     for name, net in sides:
         init_net = net.clone(mixer=dict(impl="xla")) if net.mixer_kind == "softmax" else net
@@ -193,9 +204,16 @@ def main(argv):
         sys.exit(f"error: {e}")
     if any(r % PATCH for r in resolutions):
         sys.exit(f"error: --resolutions must be multiples of {PATCH}; got {resolutions}")
+    only = FLAGS.inference_sides
+    if only is not None:
+        only = [n.strip() for n in only.split(";") if n.strip()]
     device = jax.devices()[0].device_kind
     train = None if FLAGS.skip_train else train_rows(FLAGS.size, FLAGS.train_batch, FLAGS.calls)
-    names, results = inference_rows(FLAGS.size, FLAGS.infer_batch, resolutions, FLAGS.calls)
+    try:
+        names, results = inference_rows(FLAGS.size, FLAGS.infer_batch, resolutions, FLAGS.calls,
+                                        only)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     table = markdown(device, FLAGS.size, train, FLAGS.train_batch, names, results, resolutions,
                      FLAGS.infer_batch, FLAGS.calls)
     print(table)
