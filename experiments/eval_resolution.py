@@ -5,8 +5,9 @@ Figure 8).
         [--split test] [--batch_size 250] [--output table.md]
 
 Reads ``W/config.json`` and the parameters of the best checkpoint (``W/best``), draws the
-evaluation split at each resolution (Shapes draws the same scenes at any resolution, sharper),
-and prints accuracy and loss per resolution. Nothing in the model changes: LION-S has no
+evaluation split at each resolution (Shapes draws the same scenes at any resolution, sharper;
+CIFAR and ImageNet runs, with DeiT's pipeline, take its evaluation transform at that size:
+shorter side resized to ``resolution / eval_crop_ratio``, centre crop), and prints accuracy and loss per resolution. Nothing in the model changes: LION-S has no
 positional embedding and its decays follow the patches, whatever their number; a ViT's learned
 positions, stored for the training grid, are resized bilinearly to each new grid
 (``lion_jax.models.vit``). Resolutions must be multiples of the patch size.
@@ -15,14 +16,13 @@ positions, stored for the training grid, are resized bilinearly to each new grid
 import sys
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import app, flags, logging
 
 from experiments.checkpointing import load_best_run
 from experiments.errors import UserError
 from experiments.tasks import get_task
-from experiments.trainer import _averages, make_eval_step
+from experiments.trainer import evaluate_split, make_eval_step
 
 FLAGS = flags.FLAGS
 
@@ -42,23 +42,33 @@ def load_run(workdir):
     return load_best_run(workdir, "vision", "eval_resolution")
 
 
+def uses_deit(config):
+    return config.get("augment", {}).get("pipeline", "device") == "deit"
+
+
+def training_resolution(config):
+    """The image side a run trained at: ``augment.image_size`` with DeiT's pipeline (CIFAR,
+    ImageNet), else the dataset's ``data.resolution`` (Shapes)."""
+    return int(config.augment.image_size if uses_deit(config) else config.data.resolution)
+
+
 def evaluate(config, params, resolution, split, batch_size):
-    """``{"accuracy", "loss"}`` of ``params`` on ``split`` drawn at ``resolution``."""
+    """``{"accuracy", "loss"}`` of ``params`` on ``split`` at ``resolution``: Shapes drawn at
+    that size; with DeiT's pipeline the evaluation transform (shorter side resized to
+    ``resolution / eval_crop_ratio``, centre crop) at that size."""
     config = ml_collections.ConfigDict(config.to_dict())
     if not config.model.get("image_size"):  # learned positions keep the training grid
-        config.model.image_size = config.data.resolution
-    config.data.resolution = resolution
-    for other in ("num_train", "num_val", "num_test"):
-        if other != f"num_{split}":
+        config.model.image_size = training_resolution(config)
+    if uses_deit(config):
+        config.augment.image_size = resolution
+    else:
+        config.data.resolution = resolution
+    for other in ("num_train", "num_val", "num_test"):  # Shapes: draw only the split
+        if other in config.data and other != f"num_{split}":
             config.data[other] = 0
     config.eval_splits = (split,)
     task = get_task(config)
-    eval_step = jax.jit(make_eval_step(task))
-    sums = None
-    for batch in task.eval_batches(split, batch_size):
-        out = eval_step(params, batch)
-        sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-    return _averages(jax.device_get(sums))
+    return evaluate_split(task, jax.jit(make_eval_step(task)), params, split, batch_size)
 
 
 def table(rows, workdir, step, train_resolution, split):
@@ -94,7 +104,7 @@ def main(argv):
             rows.append((resolution, (resolution // patch) ** 2, metrics))
             print(f"{resolution} px: accuracy {metrics['accuracy']:.4f}, loss "
                   f"{metrics['loss']:.4f}", flush=True)
-        text = table(rows, FLAGS.workdir, step, config.data.resolution, FLAGS.split)
+        text = table(rows, FLAGS.workdir, step, training_resolution(config), FLAGS.split)
         print("\n" + text)
         if FLAGS.output:
             with open(FLAGS.output, "w") as f:

@@ -31,14 +31,9 @@ the records of a run, :func:`task_score` to predictions. Binary F1 takes class 1
 (QQP "duplicate", MRPC "equivalent"). Matthews is the multi-class R_K of Gorodkin (2004),
 which for two classes is the usual phi coefficient (CoLA is binary). Spearman is Pearson's r
 of the ranks, ties given the average of their ranks (as scipy.stats.spearmanr).
-
-For a task that sums per-example values on the device (the trainer's eval loop), F1 and
-Matthews also come from confusion counts (:func:`f1_from_counts`,
-:func:`matthews_from_confusion`; fractions of N work as well as counts); the correlations
-(STS-B) need every prediction of the split, gathered on the host.
+A fine-tuning run computes them from every prediction of the split, gathered on the host
+(experiments/tasks/glue.py, the trainer's ``split_metrics`` hook).
 """
-
-import math
 
 import numpy as np
 
@@ -204,31 +199,3 @@ def task_score(task, preds, labels):
                          f"{', '.join(needed)}; missing {', '.join(missing)}")
     return score_from_metrics(t.name, {s: task_metrics(t.name, preds[s], labels[s])
                                        for s in needed})
-
-
-# What a fine-tuning run's evaluation records hold where a metric is not an average over
-# examples (experiments/tasks/glue.py): the confusion fractions (class 1 positive) and the
-# moments of predictions and targets.
-CONFUSION_KEYS = ("tp", "fp", "fn", "tn")
-MOMENT_KEYS = ("pred", "target", "pred_target", "pred_sq", "target_sq")
-
-
-def derive_metrics(task, metrics):
-    """``metrics`` (one eval record's averages) plus the GLUE keys derivable from them:
-    ``f1`` and ``matthews`` from the confusion fractions, ``pearson`` from the moments.
-    Keys already there are kept. (Spearman needs every prediction: not derivable.)"""
-    t = glue.get_task(task)
-    out = dict(metrics)
-    if all(k in metrics for k in CONFUSION_KEYS):
-        tp, fp, fn, tn = (float(metrics[k]) for k in CONFUSION_KEYS)
-        if "f1" in t.metrics:
-            out.setdefault("f1", f1_from_counts(tp, fp, fn))
-        if "matthews" in t.metrics:
-            out.setdefault("matthews", matthews_from_confusion(
-                [[tn, fp], [fn, tp]]))
-    if all(k in metrics for k in MOMENT_KEYS):
-        x, y, xy, xx, yy = (float(metrics[k]) for k in MOMENT_KEYS)
-        cov, vx, vy = xy - x * y, xx - x * x, yy - y * y
-        denom = math.sqrt(max(vx, 0.0) * max(vy, 0.0))
-        out.setdefault("pearson", float(np.clip(cov / denom, -1, 1)) if denom > 0 else 0.0)
-    return out

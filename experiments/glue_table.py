@@ -158,9 +158,7 @@ def scored_evals(task, records):
         try:
             if task == "mlm":
                 score = float(metrics["val"]["accuracy"])
-            else:  # F1, Matthews and Pearson from the records' fractions and moments
-                metrics = {split: glue_metrics.derive_metrics(task, m)
-                           for split, m in metrics.items()}
+            else:
                 score = glue_metrics.score_from_metrics(task, metrics)
         except KeyError:
             continue

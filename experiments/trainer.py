@@ -108,13 +108,35 @@ def make_train_step(task, tx, schedule, config):
 
 
 def make_eval_step(task):
-    """The (unjitted) eval step ``(params, batch) -> masked sums``."""
+    """The (unjitted) eval step ``(params, batch) -> (masked sums, gathered)``: ``gathered``
+    holds the per-example values ``[batch]`` of the metrics named by the task's optional
+    ``gathered_metrics`` (those are not summed), padding rows included."""
+    gather = tuple(getattr(task, "gathered_metrics", ()))
 
     def eval_step(params, batch):
         loss, metrics = task.loss(params, batch, jax.random.PRNGKey(0), train=False)
-        return _masked_sums(loss, metrics, batch["mask"])
+        summed = {k: v for k, v in metrics.items() if k not in gather}
+        return _masked_sums(loss, summed, batch["mask"]), {k: metrics[k] for k in gather}
 
     return eval_step
+
+
+def evaluate_split(task, eval_step, params, split, batch_size, put_batch=lambda b: b):
+    """``{metric: value}`` of ``split``: the averages over its real examples of the loss and
+    the task's per-example metrics, plus ``task.split_metrics(split, gathered)`` when the task
+    gathers metrics (values of the real examples, in split order, as numpy arrays)."""
+    sums, gathered = None, []
+    for batch in task.eval_batches(split, batch_size):
+        out, values = eval_step(params, put_batch(batch))
+        sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+        if values:
+            real = np.asarray(batch["mask"]) > 0
+            gathered.append({k: np.asarray(v)[real] for k, v in jax.device_get(values).items()})
+    results = _averages(jax.device_get(sums))
+    if gathered:
+        results.update(task.split_metrics(split, {k: np.concatenate([g[k] for g in gathered])
+                                                  for k in gathered[0]}))
+    return results
 
 
 def _check_config(config):
@@ -173,20 +195,23 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
         params_sharding = sharding.param_shardings(
             jax.eval_shape(task.init, init_rng), mesh, rules)["params"]
 
-        def init_state():
-            params = nn.meta.unbox(task.init(init_rng))["params"]
+        def fresh_params():
+            return nn.meta.unbox(task.init(init_rng))["params"]
+
+        def init_state(params):
             return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                               opt_state=tx.init(params),
                               ema_params=params if config.optim.ema_decay > 0 else None,
                               rng=train_rng)
 
-        abstract_state = jax.eval_shape(init_state)
+        abstract_state = jax.eval_shape(lambda: init_state(fresh_params()))
         split, metric = config.best_metric.split("/", 1)
-        names = jax.eval_shape(make_eval_step(task), abstract_state.params,
-                               next(iter(task.eval_batches(split, config.eval_batch_size))))
+        sums, _ = jax.eval_shape(make_eval_step(task), abstract_state.params,
+                                 next(iter(task.eval_batches(split, config.eval_batch_size))))
+        names = [k for k in sums if k != "count"] + list(getattr(task, "split_metric_names", ()))
         if metric not in names:
             raise UserError(f"config.best_metric={config.best_metric!r}: {split} has no metric "
-                            f"{metric!r} (it has {', '.join(k for k in names if k != 'count')})")
+                            f"{metric!r} (it has {', '.join(names)})")
         state_sharding = TrainState(
             step=repl, params=params_sharding,
             opt_state=optax.tree_map_params(tx, lambda _, s: s, abstract_state.opt_state,
@@ -204,7 +229,11 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
             abstract_state, state_sharding))
         if restored is None:
-            state = jax.jit(init_state, out_shardings=state_sharding)()
+            params = jax.jit(fresh_params, out_shardings=params_sharding)()
+            if hasattr(task, "warm_start"):  # e.g. a pre-trained encoder, read on the host
+                params = jax.device_put(task.warm_start(jax.device_get(params)),
+                                        params_sharding)
+            state = jax.jit(init_state, out_shardings=state_sharding)(params)
             record = {"best": None, "last_eval": None}
         else:
             state, meta = restored
@@ -224,13 +253,6 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
             "platform": device.platform, "num_devices": mesh.devices.size,
             "jax": jax.__version__, "config": config_name or ""})
         bar = ProgressBar(total_steps, start_step, config.batch_size, config.progress_bar)
-
-        def evaluate(params, split):
-            sums = None
-            for batch in task.eval_batches(split, config.eval_batch_size):
-                out = eval_step(params, sharding.put_batch(batch, data_sharding))
-                sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-            return _averages(jax.device_get(sums))
 
         window = []  # host metrics of the steps since the last train log
         window_start = time.time()
@@ -274,7 +296,9 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
                     eval_params = state.ema_params if config.optim.ema_decay > 0 else state.params
                     flat = {"step": step}
                     for split in task.eval_splits:
-                        results = evaluate(eval_params, split)
+                        results = evaluate_split(
+                            task, eval_step, eval_params, split, config.eval_batch_size,
+                            lambda b: sharding.put_batch(b, data_sharding))
                         writer.write(step, split, results)
                         flat.update({f"{split}/{k}": v for k, v in results.items()})
                     echo(f"step {step}: " + ", ".join(

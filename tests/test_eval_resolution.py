@@ -67,3 +67,26 @@ def test_not_a_run(tmp_path):
         [sys.executable, "-m", "experiments.eval_resolution", "--workdir", str(tmp_path),
          "--resolutions", "16"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "config.json not found" in result.stderr
+
+
+@pytest.mark.parametrize("variant", [None, "vit"], ids=["lion_s", "vit"])
+def test_cifar_run_with_deit_pipeline(variant, tmp_path, rng):
+    """A CIFAR-10 run (DeiT's pipeline, stand-in pickles) evaluates at its training size as
+    its own best evaluation did, and at a larger one through the evaluation transform."""
+    from configs.vision import cifar10
+    from tests.test_image_data import write_cifar
+
+    folder = tmp_path / "cifar-10-batches-py"
+    write_cifar(folder, "cifar10", rng, sizes=dict(train=50, test=14))
+    config = cifar10.get_config("tiny" if variant is None else None)
+    if variant is not None:  # the vit variant made tiny
+        config = cifar10.cifar100.tiny(cifar10.get_config(variant))
+    config.data.update(data_dir=str(folder), cache_dir=str(tmp_path / "cache"))
+    summary = train_and_evaluate(config, str(tmp_path / "w"))
+    loaded, step, params = eval_resolution.load_run(str(tmp_path / "w"))
+    assert eval_resolution.training_resolution(loaded) == 16
+    split = loaded.eval_splits[-1]
+    same = eval_resolution.evaluate(loaded, params, 16, split, 8)
+    np.testing.assert_allclose(same["loss"], summary["best"][f"{split}/loss"], rtol=1e-5)
+    larger = eval_resolution.evaluate(loaded, params, 24, split, 8)
+    assert np.isfinite(larger["loss"]) and 0.0 <= larger["accuracy"] <= 1.0

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from configs.mlm import c4
 from experiments import glue_metrics
 from experiments.checkpointing import load_best_run
 from experiments.tasks import get_task
-from experiments.trainer import make_eval_step, train_and_evaluate
+from experiments.trainer import evaluate_split, make_eval_step, train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POS = ["the results were good and clear", "a great and useful method", "good work overall",
@@ -75,7 +76,7 @@ def records(workdir):
 
 @pytest.mark.parametrize("variant,keys", [
     ("tiny", ("accuracy", "loss")),
-    ("tiny_stsb", ("mse", "neg_mse", *glue_metrics.MOMENT_KEYS))])
+    ("tiny_stsb", ("mse", "neg_mse", "pearson", "spearman"))])
 def test_fine_tuning_from_the_mlm_run(dirs, variant, keys):
     workdir = str(dirs["base"] / variant)
     config = glue_tiny(dirs, variant)
@@ -91,33 +92,46 @@ def test_fine_tuning_from_the_mlm_run(dirs, variant, keys):
         saved = json.load(f)
     assert saved["data"]["name"] == "glue" and saved["data"]["vocab_file"]
     assert saved["model"]["d_model"] == 16
-    derived = glue_metrics.derive_metrics(saved["data"]["task"], val[16])
-    if variant == "tiny_stsb":
-        assert -1 <= derived["pearson"] <= 1
-
     out = subprocess.run([sys.executable, "-m", "experiments.glue_table", workdir],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "| ours: LION-S tiny |" in out.stdout
-    if variant == "tiny":  # SST-2 has a score from accuracy alone
-        row = next(line for line in out.stdout.splitlines() if "ours: LION-S tiny" in line)
-        assert f"{100 * max(m['accuracy'] for m in val.values()):.2f}" in row
+    row = next(line for line in out.stdout.splitlines() if "ours: LION-S tiny" in line)
+    key = "spearman" if variant == "tiny_stsb" else "accuracy"  # the task's Table 3 number
+    assert all(-1 <= m[key] <= 1 for m in val.values())
+    assert f"{100 * max(m[key] for m in val.values()):.2f}" in row
 
 
-def test_encoder_weights_come_from_the_mlm_run(dirs):
+def test_encoder_weights_come_from_the_mlm_run(dirs, tmp_path):
     _, _, mlm_params = load_best_run(dirs["mlm"], "mlm", "test")
-    task = get_task(glue_tiny(dirs))
-    import flax.linen as nn
-    params = nn.meta.unbox(task.init(jax.random.PRNGKey(7)))["params"]
     saved = jax.tree.leaves(mlm_params["encoder"])
+    config = glue_tiny(dirs)
+    task = get_task(config)
+    fresh = nn.meta.unbox(task.init(jax.random.PRNGKey(7)))["params"]
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(fresh["encoder"]), saved))
+    params = task.warm_start(jax.device_get(fresh))
     loaded = jax.tree.leaves(params["encoder"])
     assert len(saved) == len(loaded)
     for a, b in zip(saved, loaded):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    random = get_task(_random_config(dirs, task))
-    fresh = nn.meta.unbox(random.init(jax.random.PRNGKey(7)))["params"]["encoder"]
-    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(fresh), saved))
     assert "pooler" in params and "classifier" in params
+
+    # the trainer starts from them: one step at learning rate 0 keeps the encoder as loaded
+    config.num_train_steps, config.optim.learning_rate, config.optim.warmup_steps = 1, 0.0, 0
+    train_and_evaluate(config, str(tmp_path / "w"))
+    _, _, trained = load_best_run(str(tmp_path / "w"), "glue", "test")
+    for a, b in zip(saved, jax.tree.leaves(trained["encoder"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_mismatched_encoder_is_one_error(dirs):
+    from experiments.errors import UserError
+
+    config = glue_tiny(dirs)
+    config.model.mlp_dim = 24  # the MLM run's is 32
+    task = get_task(config)
+    fresh = nn.meta.unbox(task.init(jax.random.PRNGKey(0)))["params"]
+    with pytest.raises(UserError, match="does not fit this model"):
+        task.warm_start(jax.device_get(fresh))
 
 
 def _random_config(dirs, task):
@@ -126,37 +140,24 @@ def _random_config(dirs, task):
     return c
 
 
-def test_streamed_metrics_equal_the_whole_split_ones(dirs):
-    """Averages of the per-example values (as the trainer takes them over padded batches)
-    give Pearson exactly; confusion fractions give F1 and Matthews exactly."""
-    task = get_task(glue_tiny(dirs, "tiny_stsb"))
-    params = task.init(jax.random.PRNGKey(1))["params"]
-    import flax.linen as nn
-    params = nn.meta.unbox(params)
-    step = jax.jit(make_eval_step(task))
-    sums, preds, labels = None, [], []
+@pytest.mark.parametrize("variant", ["tiny", "tiny_stsb"])
+def test_split_metrics_use_every_prediction(dirs, variant):
+    """The trainer's evaluation (padded batches, per-example values gathered) gives GLUE's
+    metrics of the whole split, as glue_metrics computes them from the predictions."""
+    task = get_task(glue_tiny(dirs, variant))
+    params = nn.meta.unbox(task.init(jax.random.PRNGKey(1))["params"])
+    results = evaluate_split(task, jax.jit(make_eval_step(task)), params, "val", 5)
+    preds, labels = [], []
     for batch in task.eval_batches("val", 5):  # 24 rows: the last batch padded
-        out = step(params, batch)
-        sums = out if sums is None else jax.tree.map(np.add, sums, out)
         real = batch["mask"] > 0
-        preds.append(np.asarray(task.outputs(params, batch))[real])
+        out = np.asarray(task.outputs(params, batch))
+        preds.append((out if out.ndim == 1 else out.argmax(-1))[real])
         labels.append(batch["labels"][real])
-    averages = {k: float(v) / float(sums["count"]) for k, v in sums.items() if k != "count"}
     preds, labels = np.concatenate(preds), np.concatenate(labels)
-    derived = glue_metrics.derive_metrics("stsb", averages)
-    assert derived["pearson"] == pytest.approx(glue_metrics.pearson(preds, labels), abs=2e-3)
-
-    rng = np.random.default_rng(0)
-    for _ in range(10):
-        n = int(rng.integers(5, 200))
-        y = rng.integers(0, 2, n)
-        p = np.where(rng.random(n) < 0.7, y, rng.integers(0, 2, n))
-        fractions = {"tp": np.mean((p == 1) & (y == 1)), "fp": np.mean((p == 1) & (y == 0)),
-                     "fn": np.mean((p == 0) & (y == 1)), "tn": np.mean((p == 0) & (y == 0))}
-        for task_name, key, ref in (("mrpc", "f1", glue_metrics.f1),
-                                    ("cola", "matthews", glue_metrics.matthews)):
-            assert glue_metrics.derive_metrics(task_name, fractions)[key] == pytest.approx(
-                ref(p, y), abs=1e-9)
+    expected = glue_metrics.task_metrics(task.name, preds, labels)
+    assert set(expected) <= set(results) and len(preds) == 24
+    for key, value in expected.items():
+        assert results[key] == pytest.approx(value, abs=1e-5), key
 
 
 def test_missing_init_from_is_one_error_line():
@@ -197,15 +198,18 @@ def test_epochs_set_the_steps_and_mnli_start_is_checked(dirs):
         get_task(c)
 
 
-def test_glue_table_scores_runs_from_their_confusion_fractions(rng):
-    """A CoLA / MRPC run writes confusion fractions; glue_table scores it by Matthews / F1."""
+def test_glue_table_scores_the_records_metrics(rng):
+    """glue_table scores a record by the paper's metric of the task (CoLA: Matthews, MRPC: F1,
+    STS-B: Spearman) as the run wrote it."""
     from experiments.glue_table import scored_evals
     preds, labels = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
-    p, t = preds == 1, labels == 1
-    fractions = {k: float(np.mean(x)) for k, x in
-                 zip(glue_metrics.CONFUSION_KEYS, (p & t, p & ~t, ~p & t, ~p & ~t))}
-    records = [{"step": 10, "split": "val", "metrics": dict(fractions, accuracy=0.5)}]
-    (step, score, _), = scored_evals("cola", records)
-    assert step == 10 and score == pytest.approx(glue_metrics.matthews(preds, labels))
-    (_, score, _), = scored_evals("mrpc", records)
-    assert score == pytest.approx(glue_metrics.f1(preds, labels))
+    for task_name in ("cola", "mrpc"):
+        metrics = glue_metrics.task_metrics(task_name, preds, labels)
+        (step, score, _), = scored_evals(task_name, [{"step": 10, "split": "val",
+                                                      "metrics": metrics}])
+        ref = glue_metrics.matthews if task_name == "cola" else glue_metrics.f1
+        assert step == 10 and score == pytest.approx(ref(preds, labels))
+    x, y = rng.normal(size=50), rng.normal(size=50)
+    (_, score, _), = scored_evals("stsb", [{"step": 3, "split": "val", "metrics":
+                                            glue_metrics.task_metrics("stsb", x, y)}])
+    assert score == pytest.approx(glue_metrics.spearman(x, y))

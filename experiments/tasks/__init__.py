@@ -45,6 +45,16 @@ class Task(Protocol):
     def summary(self) -> dict[str, float]:
         """Extra numbers for the final summary (e.g. a baseline accuracy)."""
 
+    # Optional hooks (experiments/tasks/glue.py has all three):
+    #
+    # gathered_metrics: tuple[str, ...] -- names of :meth:`loss`'s metrics that evaluation
+    #   gathers per example (real examples, in split order) instead of averaging, and passes
+    #   to ``split_metrics(split, {name: np.ndarray [N]}) -> {metric: float}`` (metrics of the
+    #   whole split, e.g. a rank correlation); ``split_metric_names`` lists the keys it
+    #   returns (``config.best_metric`` may name one).
+    # warm_start(params) -> params: called once on the fresh parameters (host numpy arrays,
+    #   unboxed) before the first step of a new run, e.g. to load a pre-trained encoder.
+
 
 def load_dataset(datasets, data_config, eval_splits=()):
     """``({split: arrays}, info)`` from the loader ``datasets[config.data.name]``, called with

@@ -18,12 +18,12 @@ with ``config.model``'s keys overriding (``config.model`` empty: all from the ru
 are written back into ``config.model`` and, when ``config.label`` is empty, the init run's
 label into ``config.label`` (experiments/glue_table.py names rows by them).
 
-Warm start (the trainer has no hook to start from another run's weights, so :meth:`init`
-does it): fresh parameters, then ``params["encoder"]`` replaced by the best checkpoint's
-``params["encoder"]`` of ``config.init_from`` (an MLM pre-training workdir, or for RTE, STS-B
-and MRPC, as Table 8, a GLUE MNLI workdir; ``config.from_mnli`` asks for the latter). The
-pooler and classifier start fresh. Shapes must match (else one ``error:`` line). The weights
-are read once, on the host, in ``__init__``.
+Warm start (:meth:`warm_start`, the trainer's hook before the first step): fresh parameters,
+then ``params["encoder"]`` replaced by the best checkpoint's ``params["encoder"]`` of
+``config.init_from`` (an MLM pre-training workdir, or for RTE, STS-B and MRPC, as Table 8, a
+GLUE MNLI workdir; ``config.from_mnli`` asks for the latter). The pooler and classifier start
+fresh. Shapes must match (else one ``error:`` line). The weights are read once, on the host,
+in ``__init__``.
 
 Loss: softmax cross-entropy (classes), squared error (STS-B). Epochs: with
 ``config.num_epochs > 0`` the task sets ``config.num_train_steps = ceil(epochs * N /
@@ -31,23 +31,11 @@ batch_size)``, ``config.optim.warmup_steps`` to ``config.warmup_fraction`` of th
 ``config.evals_per_epoch > 0``, ``eval_every`` / ``checkpoint_every`` (before the trainer
 reads them).
 
-Metrics (the trainer only averages per-example values over the real examples):
-
-* ``accuracy`` (every classification task): exact as an average.
-* binary tasks with F1 or Matthews (QQP, MRPC, CoLA): ``tp``, ``fp``, ``fn``, ``tn``, 0/1
-  indicators of the confusion cell (class 1 positive) whose averages are the confusion
-  fractions; ``f1 = 2 tp / (2 tp + fp + fn)`` and Matthews of ``[[tn, fp], [fn, tp]]``
-  (:func:`experiments.glue_metrics.derive_metrics`, with glue_metrics' ``f1_from_counts`` /
-  ``matthews_from_confusion``) are exact from them.
-* STS-B: ``mse``, ``neg_mse`` (higher is better, for ``best_metric``) and the moments
-  ``pred``, ``target``, ``pred_target``, ``pred_sq``, ``target_sq`` whose averages give
-  Pearson's r exactly (:func:`experiments.glue_metrics.derive_metrics`). Spearman needs every prediction of the split
-  (ranks); it is not derivable from averages.
-
-The trainer writes these averages to metrics.jsonl as they are: it has no hook to turn them
-into ``f1`` / ``matthews`` / ``pearson`` / ``spearman``, the keys experiments/glue_table.py
-reads. :func:`experiments.glue_metrics.derive_metrics` does that for one eval record (what the trainer, or glue_table
-when reading records, would call).
+Metrics: ``accuracy`` (classification) and ``mse`` / ``neg_mse`` (STS-B; ``neg_mse`` is
+higher-is-better, for ``best_metric``) averaged by the trainer; and from every prediction of
+the split (the trainer gathers ``prediction`` and ``label`` per example and calls
+:meth:`split_metrics`) GLUE's metrics of the task, ``glue_metrics.task_metrics``: F1 (QQP,
+MRPC), Matthews (CoLA), Pearson and Spearman (STS-B), the keys experiments/glue_table.py reads.
 """
 
 import json
@@ -138,6 +126,8 @@ def _shapes(tree):
 class GlueTask:
     """GLUE fine-tuning (module docstring; interface in experiments/tasks/__init__.py)."""
 
+    gathered_metrics = ("prediction", "label")  # per example, for split_metrics
+
     def __init__(self, config):
         import ml_collections
 
@@ -157,6 +147,7 @@ class GlueTask:
                             f"variant (configs/glue/glue.py:{self.name}), not by "
                             "--config.data.task")
         self.eval_splits = tuple(config.eval_splits)
+        self.split_metric_names = tuple(self.glue.metrics)
         for split in self.eval_splits:
             if split not in self.glue.eval_splits:
                 raise UserError(f"config.eval_splits has {split!r}; GLUE {self.glue.title} has "
@@ -272,14 +263,16 @@ class GlueTask:
 
     def init(self, rng):
         tokens = jnp.zeros((1, self.max_len), jnp.int32)
-        variables = self.model.init({"params": rng}, tokens, train=False,
-                                    token_types=jnp.zeros_like(tokens))
-        if self.init_params is None:
-            return variables
-        import flax.linen as nn
+        return self.model.init({"params": rng}, tokens, train=False,
+                               token_types=jnp.zeros_like(tokens))
 
-        fresh = variables["params"]["encoder"]
-        fresh_shapes, saved = _shapes(nn.meta.unbox(fresh)), _shapes(self.init_params)
+    def warm_start(self, params):
+        """``params`` (fresh, on the host) with ``params["encoder"]`` replaced by the init
+        run's encoder (the trainer's hook, called once before the first step)."""
+        if self.init_params is None:
+            return params
+        fresh = params["encoder"]
+        fresh_shapes, saved = _shapes(fresh), _shapes(self.init_params)
         if fresh_shapes != saved:
             name = min(k for k in fresh_shapes.keys() | saved.keys()
                        if fresh_shapes.get(k) != saved.get(k))
@@ -287,16 +280,9 @@ class GlueTask:
                 f"the encoder of config.init_from does not fit this model: encoder/{name} has "
                 f"shape {saved.get(name, 'none')} there and {fresh_shapes.get(name, 'none')} "
                 "here (different config.model or vocabulary?)")
-
-        def take(box, value):
-            value = jnp.asarray(value, dtype=nn.meta.unbox(box).dtype)
-            return box.replace_boxed(value) if isinstance(box, nn.meta.AxisMetadata) else value
-
-        loaded = jax.tree.map(take, fresh, self.init_params,
-                              is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
-        params = dict(variables["params"])
-        params["encoder"] = loaded
-        return {**variables, "params": params}
+        loaded = jax.tree.map(lambda x, value: np.asarray(value, dtype=x.dtype), fresh,
+                              self.init_params)
+        return {**params, "encoder": loaded}
 
     def outputs(self, params, batch, rng=None, *, train=False):
         """``[B, num_labels]`` logits, or ``[B]`` scores (STS-B)."""
@@ -312,18 +298,17 @@ class GlueTask:
         if self.glue.is_regression:
             target = labels.astype(jnp.float32)
             err = jnp.square(out - target)
-            return err, {"mse": err, "neg_mse": -err, "pred": out, "target": target,
-                         "pred_target": out * target, "pred_sq": out * out,
-                         "target_sq": target * target}
+            return err, {"mse": err, "neg_mse": -err, "prediction": out, "label": target}
         labels = labels.astype(jnp.int32)
         xent = optax.softmax_cross_entropy_with_integer_labels(out, labels)
         pred = jnp.argmax(out, -1)
-        metrics = {"accuracy": (pred == labels).astype(jnp.float32)}
-        if {"f1", "matthews"} & set(self.glue.metrics):
-            p, t = pred == 1, labels == 1
-            for key, value in zip(glue_metrics.CONFUSION_KEYS, (p & t, p & ~t, ~p & t, ~p & ~t)):
-                metrics[key] = value.astype(jnp.float32)
-        return xent, metrics
+        return xent, {"accuracy": (pred == labels).astype(jnp.float32), "prediction": pred,
+                      "label": labels}
+
+    def split_metrics(self, split, gathered):
+        """GLUE's metrics of the task (``glue_metrics.task_metrics``: F1, Matthews, Pearson,
+        Spearman, accuracy) from every prediction of ``split`` (the trainer's hook)."""
+        return glue_metrics.task_metrics(self.name, gathered["prediction"], gathered["label"])
 
     def _arrays(self, split):
         s = self.splits[split]
