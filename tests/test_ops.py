@@ -373,3 +373,18 @@ def test_pallas_impl_rejects_unsupported_shapes_clearly(rng):
         ops.lion_attention(q, k, v, a, impl="pallas")
     ref = ops.lion_attention(q, k, v, a, impl="attention")
     assert rel_err(ops.lion_attention(q, k, v, a, impl="auto"), ref) == 0.0
+
+
+def test_auto_keeps_per_key_decay_off_the_kernels(rng, monkeypatch):
+    """On a GPU, impl="auto" takes the XLA forms for a decay per key feature (the kernels'
+    backward compiles for minutes); a decay per token still goes to the kernels."""
+    from lion_jax.ops import api
+    if api._kernels_module() is None:
+        pytest.skip("pallas_kernels not importable")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    q = jnp.zeros((1, 300, 2, 16), jnp.float32)
+    per_key = -jnp.ones((1, 300, 2, 16), jnp.float32)
+    assert api._resolve_impl("auto", q, q, q, per_key, 64, False) == "chunk"
+    assert api._resolve_impl("auto", q[:, :40], q[:, :40], q[:, :40], per_key[:, :40], 64,
+                             False) == "attention"
+    assert api._resolve_impl("auto", q, q, q, per_key[..., 0], 64, False) == "pallas"

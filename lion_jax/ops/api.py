@@ -306,12 +306,15 @@ def _kernels(name):
 def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, value_decay=False):
     """The form for impl="auto": the Pallas kernels on a GPU when they take these inputs (``v``
     as the kernels see it: one column wider when normalising, or twice as wide with a decay
-    per value feature), else the materialized form for short sequences and the chunked one
-    beyond."""
+    per value feature; never the per-key-feature ones), else the materialized form for short
+    sequences and the chunked one beyond."""
     if impl != "auto":
         return impl
     kernels = _kernels_module()
-    if jax.default_backend() == "gpu" and kernels is not None:
+    per_key = log_decay is not None and log_decay.ndim == 4 and not value_decay
+    # Not the per-key-feature kernels: on an H100 the XLA compile of their backward was still
+    # running after 5 minutes at L = 4K. impl="pallas" still takes them.
+    if jax.default_backend() == "gpu" and kernels is not None and not per_key:
         if value_decay:
             width = v.shape[-1] * (2 if normalize else 1)
             v_seen = jax.ShapeDtypeStruct(v.shape[:-1] + (width,), v.dtype)
