@@ -47,14 +47,6 @@ class SoftmaxAttention(nn.Module):
                 raise ValueError(f"{name} must be positive, got {value}")
         super().__post_init__()
 
-    def _implementation(self, q):
-        """The ``implementation`` for ``jax.nn.dot_product_attention`` (see ``impl``)."""
-        if self.impl != "auto":
-            return self.impl
-        cudnn_ok = (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
-                    and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128)
-        return "cudnn" if cudnn_ok else "xla"
-
     def _dense(self, features, names, name):
         return nn.Dense(features, dtype=self.dtype, param_dtype=self.param_dtype,
                         kernel_init=nn.with_logical_partitioning(
@@ -71,13 +63,32 @@ class SoftmaxAttention(nn.Module):
         q, k, v = (self._dense(H * K, ("embed", "heads"), name)(x).reshape(B, L, H, K)
                    for name in ("query", "key", "value"))
         lengths = None if mask is None else jnp.sum(mask, axis=1, dtype=jnp.int32)
-        implementation = self._implementation(q)
-        if implementation == "cudnn" and L % 2:
-            q, k, v, lengths = padded_to_even(q, k, v, lengths)
-        y = jax.nn.dot_product_attention(
-            q, k, v, is_causal=self.causal, query_seq_lengths=lengths,
-            key_value_seq_lengths=lengths, implementation=implementation)[:, :L]
+        y = attend(q, k, v, causal=self.causal, impl=self.impl, lengths=lengths)
         return self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * K))
+
+
+def implementation(impl, q):
+    """The ``implementation`` for ``jax.nn.dot_product_attention`` of ``impl`` ("auto":
+    cuDNN on a GPU for 16-bit ``q`` with a head dim that is a multiple of 8 up to 128)."""
+    if impl != "auto":
+        return impl
+    cudnn_ok = (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+                and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128)
+    return "cudnn" if cudnn_ok else "xla"
+
+
+def attend(q, k, v, *, causal, impl, lengths=None):
+    """Softmax attention of ``q, k, v [B, L, H, K]`` -> ``[B, L, H, K]`` through
+    ``jax.nn.dot_product_attention`` (``impl`` as :func:`implementation`; ``lengths [B]`` the
+    real tokens of each row, a prefix, or None). An odd L on cuDNN runs with one padded,
+    masked token (:func:`padded_to_even`)."""
+    L = q.shape[1]
+    how = implementation(impl, q)
+    if how == "cudnn" and L % 2:
+        q, k, v, lengths = padded_to_even(q, k, v, lengths)
+    return jax.nn.dot_product_attention(
+        q, k, v, is_causal=causal, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+        implementation=how)[:, :L]
 
 
 def padded_to_even(q, k, v, lengths):
