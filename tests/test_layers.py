@@ -245,6 +245,24 @@ def test_causal_ignores_the_future(rng, variant, decay_shape):
     assert rel_err(y_changed[:, t + 1:], y[:, t + 1:]) > 1e-3
 
 
+@pytest.mark.parametrize("variant,decay_shape", CAUSAL_CONFIGS,
+                         ids=[f"{v}-{s}" for v, s in CAUSAL_CONFIGS])
+def test_causal_prefill_and_steps_equal_the_full_forward(rng, variant, decay_shape):
+    """The decoding state: a prefill, one token, then the rest, equal the full forward."""
+    x = normal(rng, B, L, D)
+    layer = make_layer(variant, decay_shape, causal=True, impl="chunk")
+    params = layer.init(jax_key(rng), x)
+    full = layer.apply(params, x)
+    split = int(rng.integers(1, L - 2))
+    y0, state = layer.apply(params, x[:, :split], return_state=True)
+    y1, state = layer.apply(params, x[:, split:split + 1], state=state, offset=split,
+                            return_state=True)
+    y2 = layer.apply(params, x[:, split + 1:], state=state, offset=split + 1)
+    assert rel_err(jnp.concatenate([y0, y1, y2], axis=1), full) < 1e-5
+    with pytest.raises(ValueError, match="needs a causal mixer"):
+        make_layer(variant, decay_shape, causal=False).apply(params, x, return_state=True)
+
+
 # --- dtypes ------------------------------------------------------------------------------------
 
 

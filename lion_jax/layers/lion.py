@@ -355,13 +355,21 @@ class LionAttention(nn.Module):
             return nn.initializers.lecun_normal()(key, shape, dtype) * jnp.asarray(scales, dtype)
         return init
 
-    def _mix(self, q, k, v, log_decay, value_scale, orders):
+    def _mix(self, q, k, v, log_decay, value_scale, orders, state=None, return_state=False):
         """The op call: ``q, k [B, L, H, K]``, ``v [B, L, H, V]``, ``log_decay`` None,
         ``[B, L, H]`` or ``[B, L, H, V]``, ``value_scale`` None or ``[B, L, H, V]`` (a key scale
-        per value column), ``orders`` None or token permutations (see :meth:`__call__`)
-        ``-> [B, L, H, V]``."""
+        per value column), ``orders`` None or token permutations, ``state`` / ``return_state``
+        the causal op's ``initial_state`` / ``return_final_state`` (see :meth:`__call__`)
+        ``-> ([B, L, H, V], final state or None)``."""
         op = ops.causal_linear_attention if self.causal else ops.lion_attention
         kwargs = dict(impl=self.impl, chunk_size=self.chunk_size, eps=self.eps)
+        stateful = state is not None or return_state  # checked in __call__: causal only
+        if stateful:
+            kwargs.update(initial_state=state, return_final_state=True)
+
+        def call(*args, **kw):
+            out = op(*args, **kw, **kwargs)
+            return out if stateful else (out, None)
         if self.centre_values:  # checked in __post_init__: bidirectional and normalised
             kwargs["centre_values"] = True
         if orders is not None:
@@ -372,7 +380,7 @@ class LionAttention(nn.Module):
         if plain and (value_scale is None or not self.scaled):
             if value_scale is not None:
                 v = v * value_scale.astype(v.dtype)
-            return op(q, k, v, log_decay, normalize=self.scaled, **kwargs)
+            return call(q, k, v, log_decay, normalize=self.scaled)
 
         # Numerator and denominator from one call: value columns, then a weight column per
         # denominator (ones, or the value scales) with the same decay.
@@ -381,29 +389,37 @@ class LionAttention(nn.Module):
                    else value_scale.astype(dtype))
         if value_scale is not None:
             v = v * value_scale.astype(v.dtype)
-        mix = functools.partial(op, normalize=False, **kwargs)
+        mix = functools.partial(call, normalize=False)
         if self.normalize_unmasked:  # checked in __post_init__: bidirectional and normalised
-            num = mix(q, k, v, log_decay).astype(dtype)
+            num = mix(q, k, v, log_decay)[0].astype(dtype)
             k_sum = jnp.einsum("bjhk,bjhw->bhkw", k.astype(dtype), weights)
             den = jnp.einsum("blhk,bhkw->blhw", q.astype(dtype), k_sum)
-            return (num / (den + self.eps)).astype(v.dtype)
+            return (num / (den + self.eps)).astype(v.dtype), None
         if log_decay is not None and log_decay.ndim == 4:
             log_decay = jnp.concatenate([log_decay, log_decay], axis=-1)
             weights = jnp.broadcast_to(weights, v.shape)
-        out = mix(q, k, jnp.concatenate([v, weights.astype(v.dtype)], axis=-1),
-                  log_decay).astype(dtype)
+        out, final = mix(q, k, jnp.concatenate([v, weights.astype(v.dtype)], axis=-1),
+                         log_decay)
+        out = out.astype(dtype)
         V = v.shape[-1]
         num, den = out[..., :V], out[..., V:]
         if self.variant == "xlstm":
-            return (num / jnp.maximum(den, 1.0)).astype(v.dtype)
+            return (num / jnp.maximum(den, 1.0)).astype(v.dtype), final
         if not self.scaled:
-            return num.astype(v.dtype)
-        return (num / (den + self.eps)).astype(v.dtype)
+            return num.astype(v.dtype), final
+        return (num / (den + self.eps)).astype(v.dtype), final
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None,
-                 orders=None) -> jnp.ndarray:
+                 orders=None, *, state=None, offset=0, return_state=False):
         """Mixes the tokens of ``x [B, L, D]``; ``mask [B, L]`` bool, True = real token.
+
+        Causal decoding (``causal=True``; the interface of the causal LM mixers,
+        :mod:`lion_jax.models.lm`): ``state`` None or the state a previous call returned (the
+        causal op's, float32: ``S [B, H, K, V']`` or ``(S, z)``), ``return_state`` returns
+        ``(y, state)`` after the last token, so a prefill and continuation calls give the full
+        forward. ``offset`` (the position of ``x[:, 0]``) is accepted and unused: the decays
+        carry the order.
 
         ``orders``: None, or a sequence of permutations of the L tokens (int arrays ``[L]``,
         e.g. the patch orders of :func:`lion_jax.models.vit.token_orders`): the mask is then
@@ -415,6 +431,9 @@ class LionAttention(nn.Module):
         ``K**-0.5`` scale, ``v [B, L, H, V]``, decays as returned by :meth:`_decays`, padding
         applied; the op then sees ``k * key_scale``.
         """
+        del offset
+        if (state is not None or return_state) and not self.causal:
+            raise ValueError("a decoding state needs a causal mixer (causal=True)")
         B, L, D = x.shape
         H, K, V = self.num_heads, self.head_dim, self.value_width
         qk_init = nn.initializers.normal(self.init_std) if self.init_std else None
@@ -447,8 +466,8 @@ class LionAttention(nn.Module):
             value_scale = key_scale
         elif key_scale is not None:
             k = k * key_scale[..., None]
-        y = self._mix(q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay,
-                      value_scale, orders)
+        y, state = self._mix(q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay,
+                             value_scale, orders, state, return_state)
 
         if self.use_output_norm:
             y = nn.LayerNorm(
@@ -457,4 +476,5 @@ class LionAttention(nn.Module):
                 scale_init=nn.with_logical_partitioning(nn.initializers.ones, (None, None)),
                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None, None)),
                 name="output_norm")(y)
-        return self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * V))
+        y = self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * V))
+        return (y, state) if return_state else y
