@@ -39,7 +39,7 @@ import optax
 from absl import app, flags
 
 from experiments.bench_value_decay import timed
-from experiments.bench_vision import two_panels
+from experiments.bench_vision import failure, two_panels
 from lion_jax.models import BertForMaskedLM
 from lion_jax.models.bert import bert_size
 
@@ -96,13 +96,6 @@ def inputs(batch, length, vocab, seed=0):
     count = max(1, round(MASK_RATE * length))
     positions = np.stack([np.sort(r.choice(length, count, replace=False)) for _ in range(batch)])
     return jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32)
-
-
-def failure(e):
-    """One line for a side that could not run."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return ("out of memory" if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-            else f"{type(e).__name__}: {text[:120]}")
 
 
 def compiled_mib(compiled):
