@@ -9,6 +9,8 @@ Pallas interpreter (``interpret=None`` picks it when the default backend is CPU)
 from pallas_kernels.chunk_scan import chunk_scan
 from pallas_kernels.linear_attention import (ALGORITHMS, bidirectional_linear_attention,
                                              causal_linear_attention, unsupported_reason)
+from pallas_kernels.lion_dense import lion_dense
+from pallas_kernels.lion_dense import unsupported_reason as lion_dense_unsupported_reason
 from pallas_kernels.lion_walk import lion_walk
 from pallas_kernels.lion_walk import unsupported_reason as lion_walk_unsupported_reason
 from pallas_kernels.per_feature import chunk_scan_per_feature
@@ -17,6 +19,6 @@ from pallas_kernels.value_decay import lion_value_decay
 from pallas_kernels.value_decay import unsupported_reason as value_decay_unsupported_reason
 
 __all__ = ["ALGORITHMS", "bidirectional_linear_attention", "causal_linear_attention",
-           "chunk_scan", "chunk_scan_per_feature", "chunk_scan_two_pass", "lion_value_decay",
-           "lion_walk", "lion_walk_unsupported_reason", "unsupported_reason",
-           "value_decay_unsupported_reason"]
+           "chunk_scan", "chunk_scan_per_feature", "chunk_scan_two_pass", "lion_dense",
+           "lion_dense_unsupported_reason", "lion_value_decay", "lion_walk",
+           "lion_walk_unsupported_reason", "unsupported_reason", "value_decay_unsupported_reason"]

@@ -341,8 +341,9 @@ def test_pallas_impl_routes_to_the_kernels(rng, normalize):
 def test_pallas_centre_values(rng):
     """centre_values=True reaches the kernels: bf16 values far from zero mean, no decay, keep
     the gradient's precision (the same inputs without it are far off: the check has teeth);
-    the XLA forms ignore it; without normalize it is an error."""
-    q, k, v, _, cot = make_inputs(rng, decay="none", normalize=True, dtype=np.float32, L=150,
+    the XLA forms ignore it; without normalize it is an error. L = 300: the chunked kernels
+    (up to 256 tokens "pallas" is lion_dense, which has no centre_values)."""
+    q, k, v, _, cot = make_inputs(rng, decay="none", normalize=True, dtype=np.float32, L=300,
                                   K=16, V=16)
     v = jnp.abs(v) + 2.0
     args16 = [x.astype(jnp.bfloat16) for x in (q, k, v)]
@@ -366,13 +367,17 @@ def test_pallas_centre_values(rng):
 
 def test_pallas_impl_rejects_unsupported_shapes_clearly(rng):
     """A shape the kernels do not take is a ValueError with the reason for impl="pallas"; for
-    impl="auto" (CPU or GPU) it means an XLA form, here the materialized one (L <= 256)."""
-    q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float32, L=9,
+    impl="auto" (CPU or GPU) it means an XLA form, here the chunked one (L > 256; below,
+    lion_dense takes head dims under 16)."""
+    q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float32, L=300,
                                 K=8, V=8)
     with pytest.raises(ValueError, match=r"head dim must be in \[16, 256\]"):
         ops.lion_attention(q, k, v, a, impl="pallas")
-    ref = ops.lion_attention(q, k, v, a, impl="attention")
+    ref = ops.lion_attention(q, k, v, a, impl="chunk")
     assert rel_err(ops.lion_attention(q, k, v, a, impl="auto"), ref) == 0.0
+    short = [x[:, :9] for x in (q, k, v, a)]
+    assert rel_err(ops.lion_attention(*short, impl="pallas"),
+                   ops.lion_attention(*short, impl="attention")) <= 1e-5
 
 
 def test_auto_keeps_per_key_decay_off_the_kernels(rng, monkeypatch):

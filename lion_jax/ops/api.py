@@ -48,7 +48,10 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
       impl: "attention" (materialized L x L), "recurrent" (Theorem 3.3 scans, O(L d) memory;
         on a GPU, when no gradient is taken, the Pallas token walk ``pallas_kernels.lion_walk``,
         whose memory beyond the input and the output is one float32 numerator),
-        "chunk" (chunked XLA), "pallas" (fused GPU kernels), or "auto".
+        "chunk" (chunked XLA), "pallas" (fused GPU kernels: up to
+        ``pallas_kernels.lion_dense.MAX_LEN`` = 256 tokens with a decay per token or none,
+        ``pallas_kernels.lion_dense``, the masked product built tile by tile as flash
+        attention does; else the chunked kernels), or "auto".
       chunk_size: chunk length for "chunk" and "pallas".
       centre_values: normalize only. The kernels ("pallas", or "auto" routed to them) then
         run on v less its mean over L and add it back
@@ -62,8 +65,7 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
         accumulated along each order (:mod:`lion_jax.ops.orders`), in numerator and
         denominator. "attention" averages the masks; the other forms run once per order on the
         permuted tokens and average numerators and denominators before SCALE (16-bit inputs:
-        each rounded to the input dtype first). "auto" takes "attention" up to
-        ``AUTO_ATTENTION_MAX_LEN`` tokens (one masked product for all orders).
+        each rounded to the input dtype first). "auto" picks the form as without orders.
     Returns:
       ``[B, L, H, V]`` in ``v.dtype``.
     """
@@ -77,8 +79,6 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
     value_decay = log_decay is not None and log_decay.ndim == 4
     if orders is not None:
         orders = orders_lib.check_orders(name, orders, q.shape[1])
-        if impl == "auto" and q.shape[1] <= AUTO_ATTENTION_MAX_LEN:
-            impl = "attention"
     impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize,
                          value_decay=value_decay)
     if orders is not None and impl != "attention":
@@ -86,7 +86,10 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
     if impl == "pallas" and value_decay:
         return _value_decay_kernel(name, q, k, v, log_decay, normalize, eps)
     if impl == "pallas":
-        return _kernels(name).bidirectional_linear_attention(
+        kernels = _kernels(name)
+        if not centre_values and kernels.lion_dense_unsupported_reason(q, k, v, log_decay) is None:
+            return kernels.lion_dense(q, k, v, log_decay, normalize=normalize, eps=eps)
+        return kernels.bidirectional_linear_attention(
             q, k, v, log_decay, normalize=normalize, eps=eps, chunk_size=chunk_size,
             centre_values=centre_values)
 

@@ -1,0 +1,474 @@
+"""LION attention for short sequences (L <= 256) as flash-attention-style Triton kernels.
+
+    y_i = sum_j P_ij v_j / (sum_j P_ij + eps),   P_ij = (q_i . k_j) M_ij,
+    M_ij = exp(-|A_i - A_j|),   A = cumsum(log_decay) over L (float32),
+
+(without the division when not normalised; ``log_decay`` None: ``M = 1``). Shapes as
+ARCHITECTURE.md section 3: ``q, k [B, L, H, K]``, ``v [B, L, H, V]``, ``log_decay [B, L, H]``
+(one decay per token and head; a decay per feature is not taken), ``y [B, L, H, V]`` in
+v.dtype; L <= ``MAX_LEN``, K, V <= ``MAX_DIM``.
+
+Why: at ViT's 197 tokens or BERT's 128 the masked ``L x L`` product of one head is a few
+tiles, so it is cheapest computed the way flash attention computes softmax attention: block
+by block in registers, never written to memory, in one forward launch and two backward
+launches. The chunked kernels (``bidirectional.py``) take several launches and store
+per-chunk states in both directions, which at these lengths costs more than the product.
+
+Forward (:func:`_forward_kernel`): one program per (b, h, block of ``block`` = 64 query rows;
+fewer for L < 64), on a 1-D grid of ``B * H * ceil(L / block)`` programs with the blocks of
+one (b, h) adjacent (they read the same keys and values, as in flash attention's grid order).
+Each walks the key blocks in a static loop (at most ``MAX_LEN / block`` steps; the last only
+as wide as the tokens left, rounded up to a power of two >= 16: at L = 197, 3 x 64 + 16).
+Per step: ``S = Q K^T``, ``P = S * M`` (the mask from the two blocks' A), ``num += P V``,
+``den += rowsum(P)``, accumulated in float32. Writes y and, normalising, ``den [B, L, H]``
+float32.
+
+Residuals: q, k, v, A (float32 ``[B, L, H]``, one or two arrays, :func:`_cumulative`; JAX's
+cumsum VJP turns the kernels' dA into d log_decay), and when normalising y, den and (16-bit
+inputs, ``two_parts``) y's low part. P is recomputed in the backward.
+
+Backward, for the output cotangent dy: ``dnum_i = r_i dy_i``, ``dden_i = -r_i delta_i``,
+``r_i = 1 / (den_i + eps)``, ``delta_i = dy_i . y_i`` (normalize; else ``dnum = dy``,
+``dden = 0``), ``dP_ij = dnum_i . v_j + dden_i``, ``dS = dP * M``, ``G = dP * P``:
+
+    dq_i = sum_j dS_ij k_j,   dk_j = sum_i dS_ij q_i,   dv_j = sum_i P_ij dnum_i,
+    dA_t = sum_j sign(t - j) G_tj + sum_i sign(t - i) G_it
+
+(the derivative of ``-|A_i - A_j|`` with the sign from the token order, as
+``lion_jax.ops.masks.bidirectional_mask``; d log_decay is dA's reverse cumsum over L). Two
+launches on the same grid: :func:`_dq_kernel`, one program per (b, h, query block) walking
+the key blocks (dq and the row part of dA; normalising, it first takes ``delta`` from its dy
+and y rows and writes ``dden [B, L, H]`` float32 for the second launch), then
+:func:`_dkv_kernel`, one program per (b, h, key block) walking the query blocks (dk, dv and the
+column part of dA). r is folded into the float32 tiles (``dP = (dy V^T) r + dden``,
+``dv = (P r)^T dy``), so no XLA pass writes dnum or delta.
+
+No copies of the inputs: each program's refs span the whole (padded) sequence of one (b, h)
+in the ``[B, L, H, D]`` layout (rows of D contiguous elements, H * D apart), and tiles past L
+or past the head dim are masked on load (zeros, which add nothing) and on store. Matmuls take
+16-bit inputs as they are, accumulating in float32; the float32 tiles P and dS are rounded to
+the input dtype for the second matmul of each pair, as flash attention rounds its
+probabilities. Float32 inputs take exact float32 matmuls (``precision=HIGHEST``, no TF32).
+
+Normalised 16-bit gradients (``two_parts=True``, the default): dq and dk are sums that cancel
+(dP has zero mean under each query's weights), so ``delta`` must match the weights to ~16 bits.
+Under differentiation the forward then takes P in two 16-bit parts for ``P V``
+(``bidirectional.two_parts``, one matmul more) and writes y's low part as a residual (so
+``delta`` sees y to ~16 bits), and the dq launch takes dS in two parts (one matmul more).
+Interpret mode, bf16, L = 100, K = V = 32, 5 seeds, worst relative RMS error of dq / dk against
+float64 with log-decays -softplus(N(0, 1)): 5.6e-3 / 2.9e-3 in one part, 1.7e-3 / 2.5e-3 in two;
+uniform in [-20, 0]: 2.4e-2 / 1.4e-2 in one part, 1.8e-3 / 2.5e-3 in two (the low part of y
+alone left that dq at 2.3e-2, the forward's split alone at 1.4e-2). Calls that are not
+differentiated take one part and write no low part.
+
+Matmuls per (query block, key block) pair: forward 2 (3 split), dq 3 (4 split; one less
+without decay, where dA needs no S), dk/dv 4.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.bidirectional import two_parts as _two_parts
+from pallas_kernels.chunk_scan import _next_pow2
+
+MAX_LEN = 256
+MAX_DIM = 128
+# Rows of the programs' blocks and of the loops' steps (smaller for shorter sequences).
+BLOCK = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+_FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def unsupported_reason(q, k, v, log_decay):
+    """Why :func:`lion_dense` cannot take these inputs (one line), or None when it can."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            return f"{name} must be [B, L, H, D]; got shape {x.shape}"
+        if x.dtype not in _FLOATS:
+            return f"{name} must be float32, bfloat16 or float16; got {x.dtype}"
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        return (f"q, k must be [B, L, H, K] and v [B, L, H, V] alike; got {q.shape}, "
+                f"{k.shape}, {v.shape}")
+    if not q.dtype == k.dtype == v.dtype:
+        return f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}"
+    if not 1 <= q.shape[1] <= MAX_LEN:
+        return f"sequence length must be in [1, {MAX_LEN}]; got {q.shape[1]}"
+    if not (1 <= q.shape[-1] <= MAX_DIM and 1 <= v.shape[-1] <= MAX_DIM):
+        return f"head dims must be in [1, {MAX_DIM}]; got K={q.shape[-1]}, V={v.shape[-1]}"
+    if log_decay is not None:
+        if log_decay.shape != q.shape[:3]:
+            return (f"log_decay must be None or [B, L, H] = {q.shape[:3]} (one decay per "
+                    f"token and head); got {log_decay.shape}")
+        if not jnp.issubdtype(log_decay.dtype, jnp.floating):
+            return f"log_decay must be floating; got {log_decay.dtype}"
+    return None
+
+
+def _block(length, block):
+    """Rows per block: ``block`` (None: ``BLOCK``), at most the length's power of two, at
+    least 16 (Triton's smallest matmul)."""
+    block = BLOCK if block is None else block
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"lion_dense: block must be a power of two >= 16; got {block}")
+    return max(16, min(block, _next_pow2(length)))
+
+
+def _steps(length, block):
+    """The static loops' steps ``(start, rows)``: the full blocks, then the tokens left in the
+    narrowest power of two >= 16 that holds them (inside the last block)."""
+    steps = [(s, block) for s in range(0, length - length % block, block)]
+    if length % block:
+        start = length - length % block
+        steps.append((start, max(16, _next_pow2(length - start))))
+    return steps
+
+
+def _mask(start, rows, length, ref, width):
+    """Rows ``< length`` (and columns ``< width`` of a 2-D ref) of a tile at ``start``."""
+    ok = start + jnp.arange(rows) < length
+    if ref.ndim == 1:
+        return ok
+    return ok[:, None] & (jnp.arange(ref.shape[-1])[None, :] < width)
+
+
+def _in_bounds(start, rows, length, ref, width):
+    """Whether a tile needs no mask: its rows inside L (static rows, or a program's block,
+    whose dynamic start is a multiple of ``rows`` below L, when ``rows`` divides L) and all of
+    a 2-D ref's columns used."""
+    rows_in = (start + rows <= length if isinstance(start, int) else length % rows == 0)
+    return rows_in and (ref.ndim == 1 or width == ref.shape[-1])
+
+
+def _load(ref, start, rows, length, width=None):
+    """Rows ``[start, start + rows)`` of a ``[Lp]`` or ``[Lp, Dp]`` block; zeros past
+    ``length`` rows and ``width`` columns (masked: nothing is read there)."""
+    idx = (pl.ds(start, rows),) + ((slice(None),) if ref.ndim == 2 else ())
+    if _in_bounds(start, rows, length, ref, width):
+        return ref[idx]
+    return pltriton.load(ref.at[idx], mask=_mask(start, rows, length, ref, width), other=0)
+
+
+def _store(ref, start, rows, length, value, width=None):
+    """Stores ``value`` (cast to the ref's dtype) in rows ``[start, start + rows)``, masked as
+    :func:`_load`."""
+    idx = (pl.ds(start, rows),) + ((slice(None),) if ref.ndim == 2 else ())
+    value = value.astype(ref.dtype)
+    if _in_bounds(start, rows, length, ref, width):
+        ref[idx] = value
+    else:
+        pltriton.store(ref.at[idx], value, mask=_mask(start, rows, length, ref, width))
+
+
+def _load_a(a_refs, start, rows, length):
+    return tuple(_load(ref, start, rows, length) for ref in a_refs)
+
+
+def _decay_mask(a_rows, a_cols):
+    """``M = exp(-|A_i - A_j|)``, ``[R, C]`` in [0, 1], from a row block and a column block of
+    A, each a tuple ``(A,)`` or ``(H, R)`` with ``A = H + R`` (:func:`_cumulative`)."""
+    x = a_rows[0][:, None] - a_cols[0][None, :]
+    if len(a_rows) == 2:
+        x = x + (a_rows[1][:, None] - a_cols[1][None, :])
+    return jnp.exp(-jnp.abs(x))
+
+
+def _order_signs(row_start, rows, col_start, cols):
+    """``sign(i - j)`` for the tokens ``i`` of a row block and ``j`` of a column block,
+    ``[rows, cols]`` float32 (0 on the diagonal)."""
+    i = row_start + jnp.arange(rows)[:, None]
+    j = col_start + jnp.arange(cols)[None, :]
+    return jnp.where(i > j, 1.0, jnp.where(i < j, -1.0, 0.0))
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, normalize, eps,
+                    precision, split, low):
+    """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v ``[Lp, Vp]``; ``decay`` refs of A
+    ``[Lp]``; then y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part ``[Lp, Vp]``
+    (``low``). ``split``: P in two 16-bit parts for ``P V``."""
+    refs = list(refs)
+    a_refs = [refs.pop(0) for _ in range(decay)]
+    y_ref = refs.pop(0)
+    den_ref = refs.pop(0) if normalize else None
+    lo_ref = refs.pop(0) if low else None
+    K, V = dims
+    f32 = jnp.float32
+    dtype = q_ref.dtype
+    dot = functools.partial(pltriton.dot, precision=precision)
+    start = pl.program_id(0) % -(-length // block) * block  # this program's block
+    q = _load(q_ref, start, block, length, K)
+    a_q = _load_a(a_refs, start, block, length)
+    num = jnp.zeros((block, v_ref.shape[-1]), f32)
+    den = jnp.zeros((block,), f32)
+    for s0, n in _steps(length, block):
+        k = _load(k_ref, s0, n, length, K)
+        v = _load(v_ref, s0, n, length, V)
+        p = dot(q, k, trans_b=True)
+        if decay:
+            p = p * _decay_mask(a_q, _load_a(a_refs, s0, n, length))
+        if split:
+            num = num + sum(dot(part, v) for part in _two_parts(p, dtype))
+        else:
+            num = num + dot(p.astype(dtype), v)
+        if normalize:
+            den = den + jnp.sum(p, axis=1)
+    if normalize:
+        num = num / (den + eps)[:, None]
+        _store(den_ref, start, block, length, den)
+    if low:
+        hi, lo = _two_parts(num, dtype)
+        _store(y_ref, start, block, length, hi, V)
+        _store(lo_ref, start, block, length, lo, V)
+    else:
+        _store(y_ref, start, block, length, num, V)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, normalize,
+               eps, precision, split):
+    """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of
+    A ``[Lp]``; y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part (``split``); then dq
+    ``[Lp, Kp]``, dden ``[Lp]`` (normalize), the row part of dA ``[Lp]`` (decay)."""
+    refs = list(refs)
+    a_refs = [refs.pop(0) for _ in range(decay)]
+    y_ref, den_ref = (refs.pop(0), refs.pop(0)) if normalize else (None, None)
+    lo_ref = refs.pop(0) if split else None
+    dq_ref = refs.pop(0)
+    dden_ref = refs.pop(0) if normalize else None
+    da_ref = refs.pop(0) if decay else None
+    K, V = dims
+    f32 = jnp.float32
+    dtype = q_ref.dtype
+    dot = functools.partial(pltriton.dot, precision=precision)
+    start = pl.program_id(0) % -(-length // block) * block  # this program's block
+    q = _load(q_ref, start, block, length, K)
+    dy = _load(dy_ref, start, block, length, V)
+    a_q = _load_a(a_refs, start, block, length)
+    if normalize:
+        r = 1.0 / (_load(den_ref, start, block, length) + eps)
+        y = _load(y_ref, start, block, length, V).astype(f32)
+        if split:
+            y = y + _load(lo_ref, start, block, length, V).astype(f32)
+        dden = -r * jnp.sum(dy.astype(f32) * y, axis=1)
+        _store(dden_ref, start, block, length, dden)
+    dq = jnp.zeros((block, q_ref.shape[-1]), f32)
+    da = jnp.zeros((block,), f32)
+    for s0, n in _steps(length, block):
+        k = _load(k_ref, s0, n, length, K)
+        ds = dot(dy, _load(v_ref, s0, n, length, V), trans_b=True)  # dP, then dS
+        if normalize:
+            ds = ds * r[:, None] + dden[:, None]
+        if decay:
+            ds = ds * _decay_mask(a_q, _load_a(a_refs, s0, n, length))
+            g = ds * dot(q, k, trans_b=True)  # G = dP * M * S
+            da = da + jnp.sum(_order_signs(start, block, s0, n) * g, axis=1)
+        if split:
+            dq = dq + sum(dot(part, k) for part in _two_parts(ds, dtype))
+        else:
+            dq = dq + dot(ds.astype(dtype), k)
+    _store(dq_ref, start, block, length, dq, K)
+    if decay:
+        _store(da_ref, start, block, length, da)
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, normalize,
+                eps, precision):
+    """One (b, h, key block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of A
+    ``[Lp]``; den, dden ``[Lp]`` (normalize); then dk ``[Lp, Kp]``, dv ``[Lp, Vp]``, the
+    column part of dA ``[Lp]`` (decay)."""
+    refs = list(refs)
+    a_refs = [refs.pop(0) for _ in range(decay)]
+    den_ref, dden_ref = (refs.pop(0), refs.pop(0)) if normalize else (None, None)
+    dk_ref, dv_ref = refs.pop(0), refs.pop(0)
+    da_ref = refs.pop(0) if decay else None
+    K, V = dims
+    f32 = jnp.float32
+    dtype = q_ref.dtype
+    dot = functools.partial(pltriton.dot, precision=precision)
+    start = pl.program_id(0) % -(-length // block) * block  # this program's block
+    k = _load(k_ref, start, block, length, K)
+    v = _load(v_ref, start, block, length, V)
+    a_k = _load_a(a_refs, start, block, length)
+    dk = jnp.zeros((block, k_ref.shape[-1]), f32)
+    dv = jnp.zeros((block, v_ref.shape[-1]), f32)
+    da = jnp.zeros((block,), f32)
+    for s0, n in _steps(length, block):
+        q = _load(q_ref, s0, n, length, K)
+        dy = _load(dy_ref, s0, n, length, V)
+        p = dot(q, k, trans_b=True)  # [n, block]: queries down, keys across
+        ds = dot(dy, v, trans_b=True)  # dP, then dS
+        if normalize:
+            r = (1.0 / (_load(den_ref, s0, n, length) + eps))[:, None]
+            ds = ds * r + _load(dden_ref, s0, n, length)[:, None]
+        if decay:
+            m = _decay_mask(_load_a(a_refs, s0, n, length), a_k)
+            ds = ds * m
+            da = da - jnp.sum(_order_signs(s0, n, start, block) * (ds * p), axis=0)
+            p = p * m
+        dv = dv + dot((p * r if normalize else p).astype(dtype), dy, trans_a=True)
+        dk = dk + dot(ds.astype(dtype), q, trans_a=True)
+    _store(dk_ref, start, block, length, dk, K)
+    _store(dv_ref, start, block, length, dv, V)
+    if decay:
+        _store(da_ref, start, block, length, da)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """The static layout of one call (hashable: custom_vjp's non-differentiable argument)."""
+    B: int
+    L: int
+    H: int
+    dims: tuple  # (K, V)
+    block: int
+    decay: int  # A's arrays: 0 (no decay), 1 or 2 (see _cumulative)
+    normalize: bool
+    eps: float
+    f32: bool  # float32 inputs: exact float32 matmuls
+    split: bool  # normalised 16-bit inputs with two_parts: see the module docstring
+    interpret: bool
+
+    @property
+    def blocks(self):
+        return -(-self.L // self.block)
+
+    def call(self, kernel, name, args, in_specs, outs, **kwargs):
+        """One launch, one program per (b, h, block): a 1-D grid of ``B * H * blocks`` with the
+        blocks of one (b, h) side by side (they read the same keys and values: as flash
+        attention orders its grid, so those stay in L2); ``outs``: ``(shape, dtype, spec)``."""
+        kernel = functools.partial(
+            kernel, length=self.L, dims=self.dims, block=self.block, decay=self.decay,
+            normalize=self.normalize, eps=self.eps,
+            precision=jax.lax.Precision.HIGHEST if self.f32 else None, **kwargs)
+        return pl.pallas_call(
+            kernel, grid=(self.B * self.H * self.blocks,),
+            in_specs=in_specs, out_specs=[spec for _, _, spec in outs],
+            out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outs],
+            compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS,
+                                                    num_stages=NUM_STAGES),
+            interpret=self.interpret, name=name,
+        )(*args)
+
+    def specs(self):
+        """Whole-sequence blocks of one (b, h) for ``[B, L, H, K]``, ``[B, L, H, V]`` and
+        ``[B, L, H]`` arrays, ``(Lp, Kp)``, ``(Lp, Vp)`` and ``(Lp,)``: L up to a multiple of
+        the block, head dims up to powers of two >= 16 (masked past the arrays)."""
+        nb, H = self.blocks, self.H
+        lp = nb * self.block
+        kp, vp = (_next_pow2(max(d, 16)) for d in self.dims)
+        qk = pl.BlockSpec((None, lp, None, kp), lambda p: (p // (H * nb), 0, p // nb % H, 0))
+        vs = pl.BlockSpec((None, lp, None, vp), lambda p: (p // (H * nb), 0, p // nb % H, 0))
+        row = pl.BlockSpec((None, lp, None), lambda p: (p // (H * nb), 0, p // nb % H))
+        return qk, vs, row
+
+
+def _forward(q, k, v, a, cfg, differentiated):
+    """``(y, den or None, y's low part or None)``; ``a``: A's arrays (:func:`_cumulative`)."""
+    qk, vs, row = cfg.specs()
+    split = cfg.split and differentiated
+    outs = [(v.shape, v.dtype, vs)]
+    if cfg.normalize:
+        outs.append((q.shape[:3], jnp.float32, row))
+    if split:
+        outs.append((v.shape, v.dtype, vs))
+    res = list(cfg.call(_forward_kernel, "lion_dense_forward", [q, k, v, *a],
+                        [qk, qk, vs] + [row] * len(a), outs, split=split, low=split))
+    return res[0], (res[1] if cfg.normalize else None), (res[-1] if split else None)
+
+
+def _backward(q, k, v, a, y, den, y_low, dy, cfg):
+    """``(dq, dk, dv, dA)``: dq, dk, dv in the inputs' dtype; dA float32 ``[B, L, H]`` (None
+    without decay)."""
+    qk, vs, row = cfg.specs()
+    decay, normalize = cfg.decay, cfg.normalize
+    rows = (q.shape[:3], jnp.float32, row)
+    ins, in_specs = [q, k, v, dy, *a], [qk, qk, vs, vs] + [row] * len(a)
+    extra, extra_specs = ([y, den], [vs, row]) if normalize else ([], [])
+    if cfg.split:
+        extra, extra_specs = extra + [y_low], extra_specs + [vs]
+    res = list(cfg.call(
+        _dq_kernel, "lion_dense_dq", ins + extra, in_specs + extra_specs,
+        [(q.shape, q.dtype, qk)] + [rows] * (normalize + bool(decay)), split=cfg.split))
+    dq = res.pop(0)
+    dden = res.pop(0) if normalize else None
+    extra, extra_specs = ([den, dden], [row, row]) if normalize else ([], [])
+    dk, dv, *da = cfg.call(
+        _dkv_kernel, "lion_dense_dkv", ins + extra, in_specs + extra_specs,
+        [(k.shape, k.dtype, qk), (v.shape, v.dtype, vs)] + [rows] * bool(decay))
+    return dq, dk, dv, (res[0] + da[0] if decay else None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _dense(q, k, v, a, cfg):
+    return _forward(q, k, v, a, cfg, differentiated=False)[0]
+
+
+def _dense_fwd(q, k, v, a, cfg):
+    y, den, y_low = _forward(q, k, v, a, cfg, differentiated=True)
+    return y, (q, k, v, a, y if cfg.normalize else None, den, y_low)
+
+
+def _dense_bwd(cfg, residuals, dy):
+    q, k, v, a, y, den, y_low = residuals
+    dq, dk, dv, da = _backward(q, k, v, a, y, den, y_low, dy.astype(v.dtype), cfg)
+    return dq, dk, dv, tuple(da for _ in a)  # A = H + R: the same cotangent for both
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def _cumulative(log_decay, exact):
+    """A = cumsum(log_decay) over L in float32, as a tuple of ``[B, L, H]`` arrays (``()``
+    without decay): ``(A,)``, or with ``exact`` ``(H, R)``, ``A = H + R``: H the cumsum of
+    the log-decays rounded to multiples of 2^-8 (exact in float32 while ``|A| < 2^16``), R the
+    cumsum of what that rounding left (``|R| <= L 2^-9``). ``H_i - H_j`` is then exact and
+    the kernels' exponents ``(H_i - H_j) + (R_i - R_j)`` are off by ~ulp(|A_i - A_j|), where
+    ``A_i - A_j`` of one float32 A is off by ~ulp(|A|): float32, L = 197 at -20 per token,
+    d log_decay's relative error was 6.7e-5 with one array, 4.0e-7 with two. 16-bit inputs
+    take one array (its error is far below theirs)."""
+    if log_decay is None:
+        return ()
+    a = log_decay.astype(jnp.float32)
+    if not exact:
+        return (jnp.cumsum(a, axis=1),)
+    coarse = jax.lax.stop_gradient(jnp.round(a * 256.0) / 256.0)
+    return jnp.cumsum(coarse, axis=1), jnp.cumsum(a - coarse, axis=1)
+
+
+def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=None,
+               block=None, two_parts=True):
+    """LION attention for L <= ``MAX_LEN``, flash-attention style (see the module docstring).
+
+    Args:
+      q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; one dtype (float32, bfloat16 or float16);
+        L <= 256, K, V <= 128.
+      log_decay: None (``M = 1``) or ``[B, L, H]``, entries ``<= 0`` (any float dtype; its
+        cumsum over L is taken in float32).
+      normalize: divide each row by ``sum_j P_ij + eps`` (SCALE).
+      interpret: run the Pallas interpreter; None means "when the default backend is CPU".
+      block: rows per program and per loop step, a power of two >= 16 (None: ``BLOCK``,
+        fewer for shorter sequences).
+      two_parts: normalised 16-bit inputs under differentiation: the forward's weights and
+        dq's dS in two 16-bit parts and y's low part saved, for gradients to ~16 bits of
+        ``delta`` (two matmuls and one ``[B, L, H, V]`` residual more; module docstring).
+    Returns:
+      ``[B, L, H, V]`` in v.dtype; differentiable in q, k, v and log_decay (gradients in
+      their dtypes).
+    Raises:
+      ValueError: for the inputs :func:`unsupported_reason` names.
+    """
+    reason = unsupported_reason(q, k, v, log_decay)
+    if reason is not None:
+        raise ValueError(f"lion_dense: {reason}")
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    f32 = q.dtype == jnp.float32
+    a = _cumulative(log_decay, exact=f32)
+    B, L, H, K = q.shape
+    cfg = _Config(B, L, H, (K, v.shape[-1]), _block(L, block), len(a), bool(normalize),
+                  float(eps), f32, bool(two_parts and normalize and not f32), bool(interpret))
+    return _dense(q, k, v, a, cfg)
