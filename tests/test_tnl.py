@@ -152,7 +152,8 @@ def oracle(variables, x, layer):
     x = np.asarray(x, np.float64)
     Bx, Lx, _ = x.shape
     hid = layer.num_heads * layer.head_dim
-    w = p["qkvu_proj"]["kernel"]  # [D, 4, hidden]: q | k | v | u
+    w = p["qkvu_proj"]["kernel"]  # [D, 4 * hidden]: q | k | v | u
+    w = w.reshape(w.shape[0], -1, hid)
     q, k, v, u = (x @ w[:, i] for i in range(4))
     silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
     q, k = (silu(z).reshape(Bx, Lx, H, K) for z in (q, k))

@@ -16,7 +16,8 @@ from experiments.errors import UserError
 TASKS = {"classification": "experiments.tasks.classification:ClassificationTask",
          "vision": "experiments.tasks.vision:VisionTask",
          "mlm": "experiments.tasks.mlm:MLMTask",
-         "glue": "experiments.tasks.glue:GlueTask"}
+         "glue": "experiments.tasks.glue:GlueTask",
+         "lm": "experiments.tasks.lm:LMTask"}
 
 
 class Task(Protocol):

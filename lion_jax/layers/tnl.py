@@ -368,10 +368,13 @@ class TnlAttention(nn.Module):
         H, K = self.num_heads, self.head_dim
         hidden = self.hidden_dim
         n_proj = 4 if self.gate == "linear" else 3
-        proj = nn.DenseGeneral((n_proj, hidden), use_bias=False, dtype=self.dtype,
-                               param_dtype=self.param_dtype,
-                               kernel_init=self._kernel_init(("embed", None, "heads")),
-                               name="qkvu_proj")(x)  # [B, L, n_proj, H*K]
+        # one kernel [D, n_proj * H*K] (q | k | v | u), annotated as a 2-D Dense: flax's
+        # DenseGeneral with several output axes applies a 3-axis sharding constraint to its
+        # flat kernel under a mesh and fails
+        proj = nn.Dense(n_proj * hidden, use_bias=False, dtype=self.dtype,
+                        param_dtype=self.param_dtype,
+                        kernel_init=self._kernel_init(("embed", "heads")),
+                        name="qkvu_proj")(x).reshape(B, L, n_proj, hidden)
         compute_dtype = proj.dtype
         float_dtype = jnp.promote_types(compute_dtype, jnp.float32)
 
