@@ -191,28 +191,14 @@ def _source_spec(tfds_name="lm1b", **source):
     return mlm._source_spec(tfds_name=tfds_name, **source)
 
 
-def _tfds_documents(name, data_dir, split_spec):
-    """mlm's streaming tfds reader, with this module's advice when the data is missing."""
-    try:
-        yield from mlm._tfds_documents(name, data_dir, split_spec)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(str(e).replace(mlm.TFDS_HELP, tfds_help(name))) from None
-
-
 def _documents(spec, split):
-    """Yields the documents (str) of `split` of a source spec, in order."""
+    """Yields the documents (str) of `split` of a source spec, in order (mlm's reader, with
+    this dataset's tfds splits and advice)."""
     if spec["source"] != "tfds":
-        yield from mlm._documents(spec, split)
-        return
-    if split not in mlm._splits_of(spec):
-        raise ValueError(f"split {split!r} is not in this source's splits "
-                         f"{mlm._splits_of(spec)}")
-    val_split, test_split = TFDS_SPLITS[_family(spec["name"])]
-    n_val, n_test = spec["num_val"], spec["num_test"]
-    test_start = n_val if test_split == val_split else 0
-    split_spec = {"train": f"train[:{spec['num_train']}]", "val": f"{val_split}[:{n_val}]",
-                  "test": f"{test_split}[{test_start}:{test_start + n_test}]"}[split]
-    yield from _tfds_documents(spec["name"], spec["data_dir"], split_spec)
+        return mlm._documents(spec, split)
+    name = spec["name"]
+    return mlm._documents(spec, split, tfds_splits=TFDS_SPLITS[_family(name)],
+                          tfds_help=tfds_help(name))
 
 
 def iter_documents(split, **source):

@@ -399,18 +399,18 @@ def _unit_hash(seed, k):
     return int.from_bytes(digest, "little") / 2.0 ** 64
 
 
-def _tfds_documents(name, data_dir, split_spec):
+def _tfds_documents(name, data_dir, split_spec, help_text=TFDS_HELP):
     """Yields the `text` of the examples of `split_spec` (e.g. "train[:1000]") of the prepared
-    tfds dataset `name`, in order."""
+    tfds dataset `name`, in order; `help_text` says how to get it when it is missing."""
     try:
         import tensorflow_datasets as tfds
     except ImportError:
         raise FileNotFoundError(f"tensorflow-datasets is not installed, so {name} cannot be "
-                                f"read: {TFDS_HELP}") from None
+                                f"read: {help_text}") from None
     builder = tfds.builder(name, data_dir=data_dir or None)
     if not builder.is_prepared():
         raise FileNotFoundError(f"tensorflow-datasets has no prepared {name} at "
-                                f"{builder.data_dir}: {TFDS_HELP}")
+                                f"{builder.data_dir}: {help_text}")
     dataset = builder.as_dataset(split=split_spec, shuffle_files=False)
     for example in tfds.as_numpy(dataset):
         text = example["text"]
@@ -419,8 +419,10 @@ def _tfds_documents(name, data_dir, split_spec):
             yield text
 
 
-def _documents(spec, split):
-    """Yields the documents (str) of `split` of a source spec, in order."""
+def _documents(spec, split, *, tfds_splits=("validation", "validation"), tfds_help=TFDS_HELP):
+    """Yields the documents (str) of `split` of a source spec, in order. tfds: the first
+    `num_train` of "train", the first `num_val` of `tfds_splits[0]` and `num_test` of
+    `tfds_splits[1]` (after the val examples when the two are one split)."""
     if split not in _splits_of(spec):
         raise ValueError(f"split {split!r} is not in this source's splits {_splits_of(spec)}")
     if spec["source"] == "embedded":
@@ -439,11 +441,12 @@ def _documents(spec, split):
             if lo <= _unit_hash(spec["seed"], k) < hi:
                 yield text
     else:
-        n_val = spec["num_val"]
-        split_spec = {"train": f"train[:{spec['num_train']}]",
-                      "val": f"validation[:{n_val}]",
-                      "test": f"validation[{n_val}:{n_val + spec['num_test']}]"}[split]
-        yield from _tfds_documents(spec["name"], spec["data_dir"], split_spec)
+        val_split, test_split = tfds_splits
+        n_val, n_test = spec["num_val"], spec["num_test"]
+        test_start = n_val if test_split == val_split else 0
+        split_spec = {"train": f"train[:{spec['num_train']}]", "val": f"{val_split}[:{n_val}]",
+                      "test": f"{test_split}[{test_start}:{test_start + n_test}]"}[split]
+        yield from _tfds_documents(spec["name"], spec["data_dir"], split_spec, tfds_help)
 
 
 def iter_documents(split, **source):
