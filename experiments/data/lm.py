@@ -241,22 +241,11 @@ def load_tokenizer(*, tokenizer_file="", eod_token=EOD_TOKEN, vocab_size=8192, m
     path = os.path.join(os.path.expanduser(cache_dir), f"lm_tokenizer_{digest}.json")
     if os.path.exists(path):
         return BpeTokenizer(path, eod_token=eod_token)
-    documents = _documents(spec, "train")
-    first = next(documents, None)  # missing data fails here, before training
-    if first is None:
-        raise ValueError(f"the train split of source {spec['source']!r} has no documents")
+    texts = mlm.training_texts(_documents(spec, "train"), tokenizer_documents, spec["source"])
     print(f"Training a byte-level BPE ({vocab_size} entries) on the first "
           f"{tokenizer_documents} train documents of {spec['source']} into {path} ...",
           flush=True)
-
-    def texts():
-        yield first
-        for i, text in enumerate(documents, start=1):
-            if i >= tokenizer_documents:
-                break
-            yield text
-
-    tokenizer = train_tokenizer(texts(), path, vocab_size=vocab_size,
+    tokenizer = train_tokenizer(texts, path, vocab_size=vocab_size,
                                 min_frequency=min_frequency, eod_token=eod_token)
     print(f"Trained a tokenizer of {tokenizer.vocab_size} entries", flush=True)
     return tokenizer

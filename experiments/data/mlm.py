@@ -475,6 +475,27 @@ def _identity(spec):
     return dict(spec)
 
 
+def training_texts(documents, limit, source):
+    """The first ``limit`` documents of the iterator ``documents``, for training a tokenizer.
+    The first is read now, so that missing data fails here, in Python, before any training.
+
+    Raises:
+      ValueError: ``documents`` is empty.
+    """
+    first = next(documents, None)
+    if first is None:
+        raise ValueError(f"the train split of source {source!r} has no documents")
+
+    def texts():
+        yield first
+        for i, text in enumerate(documents, start=1):
+            if i >= limit:
+                break
+            yield text
+
+    return texts()
+
+
 def load_tokenizer(*, vocab_file="", vocab_size=8192, lowercase=True, min_frequency=2,
                    tokenizer_documents=100_000, cache_dir="~/.cache/lion_jax/mlm", **source):
     """The tokenizer of a source: the user's `vocab_file`, or one trained on the source.
@@ -505,22 +526,11 @@ def load_tokenizer(*, vocab_file="", vocab_size=8192, lowercase=True, min_freque
     path = os.path.join(os.path.expanduser(cache_dir), f"mlm_vocab_{digest}.txt")
     if os.path.exists(path):
         return WordPieceTokenizer(path, lowercase=lowercase)
-    documents = _documents(spec, "train")
-    first = next(documents, None)  # missing data fails here, in Python, before training
-    if first is None:
-        raise ValueError(f"the train split of source {spec['source']!r} has no documents")
+    texts = training_texts(_documents(spec, "train"), tokenizer_documents, spec["source"])
     print(f"Training a WordPiece vocabulary ({vocab_size} entries) on the first "
           f"{tokenizer_documents} train documents of {spec['source']} into {path} ...",
           flush=True)
-
-    def texts():
-        yield first
-        for i, text in enumerate(documents, start=1):
-            if i >= tokenizer_documents:
-                break
-            yield text
-
-    tokenizer = train_tokenizer(texts(), path, vocab_size=vocab_size, lowercase=lowercase,
+    tokenizer = train_tokenizer(texts, path, vocab_size=vocab_size, lowercase=lowercase,
                                 min_frequency=min_frequency)
     print(f"Trained a vocabulary of {tokenizer.vocab_size} entries", flush=True)
     return tokenizer

@@ -57,6 +57,39 @@ class Task(Protocol):
     #   unboxed) before the first step of a new run, e.g. to load a pre-trained encoder.
 
 
+def model_size_and_dtypes(kwargs, dims_of, size_keys, sizes):
+    """``kwargs`` (a model config as a dict, changed in place and returned) with the dimensions
+    ``size_keys`` left at 0 filled from ``dims_of(kwargs.pop("size"))`` when a size is given,
+    and ``dtype`` / ``param_dtype`` names turned into dtypes.
+
+    Raises:
+      UserError: an unknown size (``sizes`` names the valid ones), a dimension neither given
+        nor implied by a size, or a bad dtype name.
+    """
+    import jax.numpy as jnp
+
+    size = kwargs.pop("size", "")
+    if size:
+        try:
+            dims = dims_of(size)
+        except ValueError as e:
+            raise UserError(f"bad config.model.size: {e}") from None
+        for key in size_keys:
+            if not kwargs.get(key):
+                kwargs[key] = dims[key]
+    missing = [k for k in size_keys if not kwargs.get(k)]
+    if missing:
+        raise UserError(f"config.model.{missing[0]} is 0: give it or config.model.size "
+                        f"({sizes})")
+    for key in ("dtype", "param_dtype"):
+        if key in kwargs:
+            try:
+                kwargs[key] = jnp.dtype(kwargs[key])
+            except TypeError as e:
+                raise UserError(f"bad config.model.{key}: {e}") from None
+    return kwargs
+
+
 def load_dataset(datasets, data_config, eval_splits=()):
     """``({split: arrays}, info)`` from the loader ``datasets[config.data.name]``, called with
     the other keys of ``config.data`` (``~`` expanded in ``data_dir`` and ``cache_dir``).

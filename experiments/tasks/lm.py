@@ -39,7 +39,7 @@ import optax
 from experiments.data import lm as lm_data
 from experiments.data.pipeline import BatchIterator
 from experiments.errors import UserError
-from experiments.tasks import load_dataset
+from experiments.tasks import load_dataset, model_size_and_dtypes
 
 DATASETS = {"lm": lm_data.load_lm}
 SIZE_KEYS = ("num_layers", "d_model", "num_heads", "mlp_dim")
@@ -70,19 +70,8 @@ def model_kwargs(model_config, *, vocab_size, max_len):
     arch = kwargs.get("arch")
     if arch not in ARCHS:
         raise UserError(f"bad config.model.arch: {arch!r} is not one of {', '.join(ARCHS)}")
-    size = kwargs.pop("size", "")
-    if size:
-        try:
-            dims = lm_size(size, arch)
-        except ValueError as e:
-            raise UserError(f"bad config.model.size: {e}") from None
-        for key in SIZE_KEYS:
-            if not kwargs.get(key):
-                kwargs[key] = dims[key]
-    missing = [k for k in SIZE_KEYS if not kwargs.get(k)]
-    if missing:
-        raise UserError(f"config.model.{missing[0]} is 0: give it or config.model.size "
-                        f"(70m, 160m, 410m, 1b, 3b, 7b)")
+    model_size_and_dtypes(kwargs, lambda size: lm_size(size, arch), SIZE_KEYS,
+                          "70m, 160m, 410m, 1b, 3b, 7b")
     if not kwargs.get("vocab_size"):
         kwargs["vocab_size"] = int(vocab_size)
     elif kwargs["vocab_size"] < vocab_size:
@@ -90,12 +79,6 @@ def model_kwargs(model_config, *, vocab_size, max_len):
                         f"tokenizer's {vocab_size} entries (0 takes the tokenizer's)")
     if not kwargs.get("max_len"):
         kwargs["max_len"] = int(max_len)
-    for key in ("dtype", "param_dtype"):
-        if key in kwargs:
-            try:
-                kwargs[key] = jnp.dtype(kwargs[key])
-            except TypeError as e:
-                raise UserError(f"bad config.model.{key}: {e}") from None
     kwargs["mixer"] = dict(kwargs.get("mixer") or {})
     return kwargs
 

@@ -47,7 +47,7 @@ import optax
 from experiments.data import mlm as mlm_data
 from experiments.data.pipeline import BatchIterator
 from experiments.errors import UserError
-from experiments.tasks import load_dataset
+from experiments.tasks import load_dataset, model_size_and_dtypes
 
 DATASETS = {"mlm": mlm_data.load_mlm}
 EVAL_MASK_SEED = 20231  # base of the evaluation masks' keys (any fixed number)
@@ -63,25 +63,7 @@ def model_kwargs(model_config, max_len):
     from lion_jax.models.bert import bert_size
 
     kwargs = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
-    size = kwargs.pop("size", "")
-    if size:
-        try:
-            dims = bert_size(size)
-        except ValueError as e:
-            raise UserError(f"bad config.model.size: {e}") from None
-        for key in SIZE_KEYS:
-            if not kwargs.get(key):
-                kwargs[key] = dims[key]
-    missing = [k for k in SIZE_KEYS if not kwargs.get(k)]
-    if missing:
-        raise UserError(f"config.model.{missing[0]} is 0: give it or config.model.size "
-                        f"(tiny, base, large)")
-    for key in ("dtype", "param_dtype"):
-        if key in kwargs:
-            try:
-                kwargs[key] = jnp.dtype(kwargs[key])
-            except TypeError as e:
-                raise UserError(f"bad config.model.{key}: {e}") from None
+    model_size_and_dtypes(kwargs, bert_size, SIZE_KEYS, "tiny, base, large")
     if "mixer" in kwargs:
         kwargs["mixer"] = dict(kwargs["mixer"])
     if not kwargs.get("max_len"):
