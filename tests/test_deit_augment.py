@@ -202,9 +202,11 @@ def test_erase_box_geometry(rng):
         assert 0 <= top and top + h <= size and 0 <= left and left + w <= size
         areas.append(h * w / size**2)
         ratios.append(h / w)
-    tol = 2 * 0.5 / math.sqrt(0.02 * size**2)
-    assert min(areas) >= 0.02 * (1 - tol) and max(areas) <= (1 / 3) * (1 + tol)
-    assert min(ratios) >= 0.3 * (1 - tol) and max(ratios) <= (1 / 0.3) * (1 + tol)
+    # h and w are rounded to integers: each side off by at most 0.5 px, relative to the
+    # smallest side the box can have (area 0.02, aspect 0.3)
+    t = 0.5 / (math.sqrt(0.02 * 0.3) * size)
+    assert min(areas) >= 0.02 * (1 - t) ** 2 and max(areas) <= (1 / 3) * (1 + t) ** 2
+    assert min(ratios) >= 0.3 * (1 - t) / (1 + t) and max(ratios) <= (1 / 0.3) * (1 + t) / (1 - t)
 
 
 def test_erasing_probability_and_noise(rng):
