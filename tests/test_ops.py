@@ -213,6 +213,96 @@ def test_step_decoding_matches_sequence(rng, decay, normalize):
         assert rel_err(jnp.concatenate(ys, axis=1), full) <= 1e-10
 
 
+_kv_call = _reference = jax.jit(ops.causal_linear_attention,
+                                static_argnames=("normalize", "return_final_state", "impl"))
+
+
+def _decode_with_kv_cache(q, k, v, a, cuts, *, normalize, capacity):
+    """``causal_linear_attention`` from an empty KV cache over the pieces of the sequence
+    between ``cuts``, jitted (a traced length) -> (y, final cache)."""
+    decay = None if a is None else ("per_key" if a.ndim == 4 else "scalar")
+    B, _, H, K = q.shape
+    cache = ops.empty_kv_cache(B, capacity, H, K, v.shape[-1], decay=decay, dtype=q.dtype)
+    ys = []
+    for s, e in zip(cuts[:-1], cuts[1:]):
+        y, cache = _kv_call(*(None if x is None else x[:, s:e] for x in (q, k, v, a)),
+                            initial_state=cache, normalize=normalize, return_final_state=True)
+        ys.append(y)
+    return jnp.concatenate(ys, axis=1), cache
+
+
+def _kv_cuts(rng, L):
+    """An odd prefill, three single tokens, then the rest as one chunk."""
+    prefill = int(rng.integers(2, L - 6)) | 1
+    return [0, prefill, prefill + 1, prefill + 2, prefill + 3, L]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("decay", ["none", "zero", "strong", "feature_strong"])
+def test_kv_cache_matches_reference(rng, decay, normalize, dtype):
+    """Prefill, single tokens and a chunk from a KV cache with spare slots equal the reference
+    on the whole sequence; the cache holds every key and value, its length the tokens seen."""
+    L = L_TEST
+    with jax.enable_x64(dtype == np.float64):
+        q, k, v, a, _ = make_inputs(rng, decay=decay, normalize=normalize, dtype=dtype, L=L)
+    with jax.enable_x64(True):
+        ref = _reference(*(None if x is None else jnp.asarray(x, jnp.float64)
+                           for x in (q, k, v, a)), normalize=normalize, impl="attention")
+    with jax.enable_x64(dtype == np.float64):
+        y, cache = _decode_with_kv_cache(q, k, v, a, _kv_cuts(rng, L), normalize=normalize,
+                                         capacity=L + 4)
+    assert y.dtype == dtype and rel_err(y, ref) <= TOL[dtype], rel_err(y, ref)
+    assert int(cache.length) == L and (cache.log_decay_cum is None) == (a is None)
+    np.testing.assert_array_equal(cache.k[:, :L], k)
+    np.testing.assert_array_equal(cache.v[:, :L], v)
+    assert not np.any(np.asarray(cache.k[:, L:])), "slots past the length were written"
+
+
+@pytest.mark.parametrize("decay, normalize", [("none", True), ("zero", False),
+                                              ("strong", True), ("feature_moderate", False)])
+def test_kv_cache_gradients_match_reference(rng, decay, normalize):
+    with jax.enable_x64(True):
+        q, k, v, a, cot = make_inputs(rng, decay=decay, normalize=normalize, dtype=np.float64,
+                                      L=int(rng.integers(9, 20)) * 2 + 1)
+        cuts, capacity = _kv_cuts(rng, q.shape[1]), q.shape[1] + 3
+
+        def loss(q, k, v, a, kv):
+            if kv:
+                y = _decode_with_kv_cache(q, k, v, a, cuts, normalize=normalize,
+                                          capacity=capacity)[0]
+            else:
+                y = ops.causal_linear_attention(q, k, v, a, normalize=normalize,
+                                                impl="attention")
+            return jnp.sum(y * cot)
+
+        argnums = (0, 1, 2) if a is None else (0, 1, 2, 3)
+        grad = jax.jit(jax.grad(loss, argnums), static_argnums=4)
+        grads = grad(q, k, v, a, True)
+        chex.assert_tree_all_finite(grads)
+        for name, g, rg in zip("qkva", grads, grad(q, k, v, a, False)):
+            assert rel_err(g, rg) <= 1e-10, f"d{name}: {rel_err(g, rg):.3g}"
+
+
+def test_kv_cache_capacity_and_shape_errors(rng):
+    q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=False, dtype=np.float32, L=7)
+    cache = ops.empty_kv_cache(2, 6, 2, 6, 5, decay="scalar")
+    with pytest.raises(ValueError, match=r"7 new tokens after the 0 cached pass .* C=6"):
+        jax.jit(lambda *x: ops.causal_linear_attention(*x, initial_state=cache))(q, k, v, a)
+    _, full = ops.causal_linear_attention(q[:, :4], k[:, :4], v[:, :4], a[:, :4],
+                                          initial_state=cache, return_final_state=True)
+    with pytest.raises(ValueError, match=r"3 new tokens after the 4 cached pass"):
+        ops.causal_linear_attention(q[:, 4:], k[:, 4:], v[:, 4:], a[:, 4:], initial_state=full)
+    # past the capacity with a traced length: NaN, never a silently wrong output
+    y = jax.jit(lambda c: ops.causal_linear_attention(q[:, 4:], k[:, 4:], v[:, 4:], a[:, 4:],
+                                                      initial_state=c))(full)
+    assert np.all(np.isnan(y))
+    with pytest.raises(ValueError, match=r"KV cache .* must have shapes"):
+        ops.causal_linear_attention(q, k, v, None, initial_state=cache)  # decay mismatch
+    with pytest.raises(ValueError, match=r"unknown decay"):
+        ops.empty_kv_cache(2, 6, 2, 6, 5, decay="vector")
+
+
 @pytest.mark.parametrize("op", ["lion", "lion_value_decay", "causal"])
 def test_bf16_inputs(rng, op):
     """bf16 inputs: float32 accumulation, bf16 output within 5e-3 relative RMS of float32."""
@@ -224,6 +314,10 @@ def test_bf16_inputs(rng, op):
         out = fn(q, k, v, a, impl=impl)
         assert out.dtype == jnp.bfloat16
         assert rel_err(out, ref) <= 5e-3, impl
+    if op == "causal":  # the KV-cache form (bf16 keys and values cached)
+        out, _ = _decode_with_kv_cache(q, k, v, a, [0, 297, 298, 299, 301], normalize=False,
+                                       capacity=301)
+        assert out.dtype == jnp.bfloat16 and rel_err(out, ref) <= 5e-3
 
 
 def test_edge_lengths(rng):

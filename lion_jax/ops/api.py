@@ -4,10 +4,13 @@ Every form (``attention``, ``recurrent``, ``chunk``) computes the *non-normalise
 ``sum_j s_ij M_ij v_j`` (and, for causal, the final state). Normalisation (the paper's SCALE)
 is done here, once, for all forms: a column of ones is appended to ``v`` so the same pass also
 yields the denominator ``sum_j s_ij M_ij`` (for the recurrent form this column carries exactly
-the paper's ``z`` states and ``c`` scalars), then ``y = num / (den + eps)``.
+the paper's ``z`` states and ``c`` scalars), then ``y = num / (den + eps)``. The KV-cache
+form (a causal call from a :class:`~lion_jax.ops.kv_cache.KVCache`) takes the denominator as
+the row sums of its masked scores instead, so its cache holds ``v`` as given.
 
 Math runs in float32 (float64 for float64 inputs) whatever the input dtype; outputs are cast
-back to ``v.dtype``; states are kept in the compute dtype.
+back to ``v.dtype``; states are kept in the compute dtype (a KV cache's keys and values in the
+dtype it was made with).
 """
 
 import functools
@@ -16,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lion_jax.ops import attention, chunk, recurrent
+from lion_jax.ops import attention, chunk, kv_cache, recurrent
 from lion_jax.ops import orders as orders_lib
 
 IMPLS = ("attention", "recurrent", "chunk", "pallas", "auto")
@@ -191,8 +194,12 @@ def causal_linear_attention(q, k, v, log_decay=None, *, normalize=False, eps=1e-
       impl: see :func:`lion_attention`.
       chunk_size: chunk length for "chunk" and "pallas".
       initial_state: the state before the first token: ``S [B, H, K, V]``, or with
-        ``normalize=True`` the pair ``(S, z [B, H, K])``.
-      return_final_state: also return the state after the last token (same structure).
+        ``normalize=True`` the pair ``(S, z [B, H, K])``; or a
+        :class:`~lion_jax.ops.kv_cache.KVCache` (e.g. :func:`empty_kv_cache`), whatever
+        ``impl``: the new tokens then attend to the cached and new keys and values
+        (:mod:`lion_jax.ops.kv_cache`, ``O(L C)``; ``L`` may not pass the capacity ``C``).
+      return_final_state: also return the state after the last token (same structure; a
+        cache with the new tokens appended).
     Returns:
       ``y [B, L, H, V]`` in ``v.dtype``, or ``(y, final_state)``.
     """
@@ -200,6 +207,9 @@ def causal_linear_attention(q, k, v, log_decay=None, *, normalize=False, eps=1e-
     _check_qkv(name, q, k, v)
     _check_log_decay(name, log_decay, q, per_key=True)
     _check_options(name, impl, chunk_size, eps)
+    if isinstance(initial_state, kv_cache.KVCache):
+        return _causal_from_kv_cache(name, q, k, v, log_decay, initial_state, normalize, eps,
+                                     return_final_state)
     B, L, H, K = q.shape
     _check_state(name, initial_state, normalize, (B, H, K, v.shape[-1]))
     impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize)
@@ -270,6 +280,20 @@ def causal_linear_attention_step(q, k, v, state=None, log_decay=None, *, normali
         y = _divide_by_last_columns(y, eps)
         new_state = (new_state[..., :-1], new_state[..., -1])
     return y.astype(v.dtype), new_state
+
+
+def _causal_from_kv_cache(name, q, k, v, log_decay, cache, normalize, eps, return_final_state):
+    """:func:`causal_linear_attention` with a :class:`~lion_jax.ops.kv_cache.KVCache`."""
+    _check_kv_cache(name, cache, q, v, log_decay)
+    out_dtype = v.dtype
+    dtype = _compute_dtype(out_dtype)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    log_decay = None if log_decay is None else log_decay.astype(dtype)
+    y, cache = kv_cache.causal(q, k, v, log_decay, cache, row_sums=normalize)
+    if normalize:
+        y = _divide_by_last_columns(y, eps)
+    y = y.astype(out_dtype)
+    return (y, cache) if return_final_state else y
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,3 +453,20 @@ def _check_state(name, state, normalize, shape):
     for x in arrays:
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{name}: the state must be floating (float32), got {x.dtype}")
+
+
+def _check_kv_cache(name, cache, q, v, log_decay):
+    """The cache's shapes match ``q, v, log_decay`` and the new tokens fit its capacity."""
+    B, L, H, K = q.shape
+    C = cache.k.shape[1] if getattr(cache.k, "ndim", 0) == 4 else 0
+    want = ((B, C, H, K), (B, C, H, v.shape[-1]),
+            None if log_decay is None else (B, C) + tuple(log_decay.shape[2:]), ())
+    got = tuple(None if x is None else tuple(jnp.shape(x)) for x in cache)
+    if got != want or not jnp.issubdtype(jnp.result_type(cache.length), jnp.integer):
+        raise ValueError(f"{name}: the KV cache (k, v, log_decay_cum, length) must have shapes "
+                         f"{want} for these inputs (log_decay_cum None without decay) and an "
+                         f"integer length, got {got}")
+    n = int(cache.length) if _is_concrete(cache.length) else 0
+    if n + L > C:
+        raise ValueError(f"{name}: {L} new tokens after the {n} cached pass the KV cache's "
+                         f"capacity C={C}; make the cache larger")

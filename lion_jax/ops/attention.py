@@ -38,13 +38,7 @@ def causal(q, k, v, log_decay=None, initial_state=None, *, value_decay=False):
     if per_value:
         y = _masked_per_value(q, k, v, masks.causal_mask(jnp.transpose(A, (0, 2, 3, 1))))
     else:
-        if A.ndim == 3:  # scalar decay: one [L, L] mask per head
-            mask = masks.causal_mask(jnp.transpose(A, (0, 2, 1)))  # [B, H, L, L]
-            scores = einsum("bihk,bjhk->bhij", q, k) * mask
-        else:  # per-key-feature decay: one [L, L] mask per key feature
-            mask = masks.causal_mask(jnp.transpose(A, (0, 2, 3, 1)))  # [B, H, K, L, L]
-            scores = einsum("bihk,bjhk,bhkij->bhij", q, k, mask)
-        y = einsum("bhij,bjhv->bihv", scores, v)
+        y = einsum("bhij,bjhv->bihv", causal_scores(q, k, A), v)
 
     A_last = A[:, -1:]
     to_end = decay_factor(jnp.exp(A_last - A), 4)
@@ -61,6 +55,25 @@ def causal(q, k, v, log_decay=None, initial_state=None, *, value_decay=False):
         final_state = final_state + decay_factor(
             jnp.exp(A_last[:, 0]), 4, value_decay=per_value) * initial_state
     return y, final_state
+
+
+def causal_scores(q, k, A, *, keys_A=None, offset=0):
+    """The masked scores ``s_ij M_ij`` of the causal form, ``[B, H, L, C]``.
+
+    Args:
+      q: ``[B, L, H, K]``; k: ``[B, C, H, K]`` (``C = L``: the same tokens, or a KV cache).
+      A: the queries' cumulative log-decays, ``[B, L, H]`` (scalar: one ``[L, C]`` mask per
+        head) or ``[B, L, H, K]`` (per key feature: one mask per feature).
+      keys_A: the keys' ``[B, C, H(, K)]`` on the same basis, or None (the keys are the
+        queries).
+      offset: position of query 0 among the keys (:func:`lion_jax.ops.masks.causal_mask`).
+    """
+    order = (0, 2, 1) if A.ndim == 3 else (0, 2, 3, 1)
+    mask = masks.causal_mask(jnp.transpose(A, order), offset=offset,
+                             keys=None if keys_A is None else jnp.transpose(keys_A, order))
+    if A.ndim == 3:
+        return einsum("bihk,bjhk->bhij", q, k) * mask
+    return einsum("bihk,bjhk,bhkij->bhij", q, k, mask)
 
 
 def bidirectional(q, k, v, log_decay=None, *, value_decay=False, orders=None):

@@ -5,24 +5,31 @@ Conventions (ARCHITECTURE.md section 3): ``A = cumsum(log_decay)`` along the seq
 is ``<= 0`` where it is kept, so nothing overflows: ``exp(where(i >= j, A_i - A_j, -inf))``.
 
 All functions take ``A`` with the sequence on the last axis, ``[..., L]``, and return
-``[..., L, L]`` indexed ``[..., i, j]`` (query i, key j).
+``[..., L, L]`` indexed ``[..., i, j]`` (query i, key j); :func:`causal_mask` also takes the
+keys of a KV cache, ``[..., C]``, giving ``[..., L, C]``.
 """
 
 import jax.numpy as jnp
 
 
-def causal_mask(A: jnp.ndarray, *, strict: bool = False) -> jnp.ndarray:
-    """Causal decay mask ``M_ij = exp(A_i - A_j)`` for ``i >= j`` (``i > j`` if strict), else 0.
+def causal_mask(A: jnp.ndarray, *, strict: bool = False, keys: jnp.ndarray | None = None,
+                offset=0) -> jnp.ndarray:
+    """Causal decay mask ``M_ij = exp(A_i - A_j)`` for ``j <= i`` (``j < i`` if strict), else 0.
 
     Args:
-      A: cumulative log-decays ``[..., L]``.
+      A: cumulative log-decays ``[..., L]`` of the queries.
       strict: exclude the diagonal.
+      keys: None (the keys are the queries), or the keys' cumulative log-decays ``[..., C]``
+        (on the same basis as ``A``), key ``j`` at position ``j`` and query ``i`` at position
+        ``offset + i``: kept where ``j <= offset + i`` (the KV-cache form).
+      offset: position of the first query among the keys (an int or a traced int32 scalar).
     Returns:
-      ``[..., L, L]`` in ``A.dtype``.
+      ``[..., L, C]`` (``C = L`` without ``keys``) in ``A.dtype``.
     """
-    L = A.shape[-1]
-    keep = jnp.tril(jnp.ones((L, L), dtype=bool), k=-1 if strict else 0)
-    diff = A[..., :, None] - A[..., None, :]
+    keys = A if keys is None else keys
+    L, C = A.shape[-1], keys.shape[-1]
+    keep = jnp.arange(C)[None, :] <= jnp.arange(L)[:, None] + (offset - int(strict))
+    diff = A[..., :, None] - keys[..., None, :]
     return jnp.exp(jnp.where(keep, diff, -jnp.inf))
 
 
