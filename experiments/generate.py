@@ -1,8 +1,8 @@
 r"""Generate text with a trained causal LM (a run of ``configs/lm/*.py``).
 
     python -m experiments.generate --workdir W --prompt "text" [--max_new_tokens 64] \
-        [--mode state|recompute] [--temperature 0] [--top_k 0] [--top_p 1.0] [--seed 0] \
-        [--prefill_chunk 0]
+        [--mode state|kv_cache|recompute] [--temperature 0] [--top_k 0] [--top_p 1.0] \
+        [--seed 0] [--prefill_chunk 0]
 
 Reads ``W/config.json`` and the parameters of the best checkpoint (``W/best``), rebuilds the
 run's model and tokenizer (its ``tokenizer_file``, or the byte-level BPE it trained, from the
@@ -14,13 +14,14 @@ to the first end-of-document token (the model ended the document) or ``max_new_t
 ``--mode state`` (default) prefills the prompt (in chunks of ``--prefill_chunk`` tokens when
 > 0) and decodes one token per step from the mixers' state (LLaMA: its KV cache, whose
 capacity is the run's ``max_len``; the linear models: a fixed-size state); ``--mode
-recompute`` reruns the whole sequence for every token. Both emit the same tokens (greedy:
-``--temperature 0``, the default; sampling: ``--temperature > 0`` with ``--top_k``,
-``--top_p``, ``--seed``).
+kv_cache`` does the same with the linear models keeping a KV cache of capacity ``max_len``
+too (attention to every token seen); ``--mode recompute`` reruns the whole sequence for every
+token. All three emit the same tokens (greedy: ``--temperature 0``, the default; sampling:
+``--temperature > 0`` with ``--top_k``, ``--top_p``, ``--seed``).
 
 Problems (no run there, another task's run, a prompt plus ``max_new_tokens`` longer than
-LLaMA's context, bad sampling settings, a missing tokenizer) print one ``error:`` line and
-exit with status 1.
+LLaMA's context or, with ``--mode kv_cache``, than ``max_len``, bad sampling settings, a
+missing tokenizer) print one ``error:`` line and exit with status 1.
 """
 
 import sys
@@ -37,15 +38,16 @@ def define_flags():
     flags.DEFINE_string("workdir", None, "Workdir of a causal-LM training run.")
     flags.DEFINE_string("prompt", "", "Text to continue ('' = start a document).")
     flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate at most.")
-    flags.DEFINE_string("mode", "state", "state (prefill + one token per step from the state) "
-                        "or recompute (the full forward for every token).")
+    flags.DEFINE_string("mode", "state", "state (prefill + one token per step from the state), "
+                        "kv_cache (the same from a KV cache of max_len tokens, for the linear "
+                        "models too) or recompute (the full forward for every token).")
     flags.DEFINE_float("temperature", 0.0, "0 = greedy; > 0 samples at this temperature.")
     flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all).")
     flags.DEFINE_float("top_p", 1.0, "Sample among the most likely tokens of this total "
                        "probability (1 = all).")
     flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
-    flags.DEFINE_integer("prefill_chunk", 0, "state mode: prefill the prompt in chunks of this "
-                         "many tokens (0 = at once).")
+    flags.DEFINE_integer("prefill_chunk", 0, "state and kv_cache modes: prefill the prompt in "
+                         "chunks of this many tokens (0 = at once).")
 
 
 class Generator:

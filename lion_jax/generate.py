@@ -1,5 +1,5 @@
-"""Token generation for :class:`lion_jax.models.lm.CausalLM`, in two modes that emit the same
-tokens:
+"""Token generation for :class:`lion_jax.models.lm.CausalLM`, in three modes that emit the same
+tokens (the LION paper's Figure 5 decodes a linear model these three ways):
 
 * ``mode="recompute"``: every new token runs the full forward over the whole sequence so far
   (a fixed ``[B, P + N]`` buffer, zeros past the current token: causality makes them
@@ -10,6 +10,11 @@ tokens:
   context; LLaMA's cache grows to ``max_len``. ``prefill_chunk > 0`` runs the prompt in chunks
   of that many tokens, each continuing from the previous chunk's state (the exact state: the
   same tokens as one prefill).
+* ``mode="kv_cache"``: as ``"state"`` (``prefill_chunk`` too), but the linear models keep a KV
+  cache of capacity ``max_len`` (``CausalLM(kv_cache=True)``, :class:`lion_jax.ops.KVCache`)
+  instead of ``S`` and attend to every token seen, as LLaMA does: memory and time per token
+  scale with ``max_len``. For LLaMA it is ``"state"``. A prompt + generation longer than
+  ``max_len`` is refused.
 
 Sampling: greedy (``temperature=0``), else softmax at ``temperature`` after keeping the
 ``top_k`` most likely tokens (0: all) and the smallest set whose probability reaches ``top_p``
@@ -21,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-MODES = ("recompute", "state")
+MODES = ("recompute", "state", "kv_cache")
 
 
 def sample(logits, rng, *, temperature=0.0, top_k=0, top_p=1.0):
@@ -51,10 +56,13 @@ def check_request(model, prompt_len, max_new_tokens, *, mode="state", temperatur
     if prompt_len < 1 or max_new_tokens < 1:
         raise ValueError(f"need a prompt of at least 1 token and max_new_tokens >= 1; got "
                          f"{prompt_len} and {max_new_tokens}")
-    if model.arch == "llama" and prompt_len + max_new_tokens > model.max_len:
+    if (model.arch == "llama" or mode == "kv_cache") \
+            and prompt_len + max_new_tokens > model.max_len:
+        whose = "LLaMA's context" if model.arch == "llama" else "the KV cache's capacity"
+        fix = "" if model.arch == "llama" else ", or use mode='state'"
         raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
-                         f"pass LLaMA's context max_len={model.max_len}; shorten the prompt "
-                         "or generate fewer tokens")
+                         f"pass {whose} max_len={model.max_len}; shorten the prompt or "
+                         f"generate fewer tokens{fix}")
     if temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0 or prefill_chunk < 0:
         raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1 and "
                          f"prefill_chunk >= 0; got {temperature}, {top_k}, {top_p}, "
@@ -78,8 +86,8 @@ def generate(model, params, prompt, max_new_tokens, *, mode="state", rng=None,
     """``prompt [B, P]`` followed by ``max_new_tokens`` generated tokens (module docstring).
 
     Raises:
-      ValueError: an unknown mode, bad sampling settings, or (LLaMA) a prompt and
-        generation longer than the model's ``max_len``.
+      ValueError: an unknown mode, bad sampling settings, or (LLaMA, or mode="kv_cache") a
+        prompt and generation longer than the model's ``max_len``.
     """
     prompt = jnp.asarray(prompt, jnp.int32)
     B, P = prompt.shape
@@ -90,6 +98,8 @@ def generate(model, params, prompt, max_new_tokens, *, mode="state", rng=None,
     keys = jax.random.split(rng, max_new_tokens)
     if mode == "recompute":
         return jax.jit(functools.partial(_recompute, model, pick))(params, prompt, keys)
+    if mode == "kv_cache":
+        model = model.clone(kv_cache=True)
     last, state = jax.jit(functools.partial(prefill, model, chunk=prefill_chunk))(params,
                                                                                   prompt)
     return jax.jit(functools.partial(_decode, model, pick))(params, prompt, last, state, keys)

@@ -1,11 +1,14 @@
 """Causal LMs (lion_jax.models.lm) and generation (lion_jax.generate)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from lion_jax import generate as gen
+from lion_jax import ops
 from lion_jax.models.lm import ARCHS, CausalLM, lm_size
 
 VOCAB = 37
@@ -52,13 +55,34 @@ def test_prefill_and_continuation_equal_the_full_forward(model_and_params, rng):
 
 
 def test_generation_modes_emit_the_same_greedy_tokens(model_and_params, rng):
+    """The prompt (7) is no multiple of the chunk (4); chunked prefills move LRPE's offset."""
     model, params = model_and_params
     prompt = tokens(rng, 2, 7)
     ref = gen.generate(model, params, prompt, 6, mode="recompute")
     assert ref.shape == (2, 13) and np.array_equal(ref[:, :7], prompt)
     np.testing.assert_array_equal(gen.generate(model, params, prompt, 6, mode="state"), ref)
-    np.testing.assert_array_equal(
-        gen.generate(model, params, prompt, 6, mode="state", prefill_chunk=3), ref)
+    for mode in ("state", "kv_cache"):
+        np.testing.assert_array_equal(
+            gen.generate(model, params, prompt, 6, mode=mode, prefill_chunk=3), ref)
+
+
+def test_kv_cache_decoding_state(rng):
+    """kv_cache=True: the linear mixers' state is a KV cache of max_len slots holding every
+    token seen (shapes only), and a prefill from it gives the recurrent state's logits."""
+    x = tokens(rng, 2, 9)
+    for arch in set(ARCHS) - {"llama"}:
+        model = tiny(arch, kv_cache=True)
+        params = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)
+        _, state = jax.eval_shape(functools.partial(model.apply, return_state=True), params, x)
+        cache = state["layers"][1]
+        assert isinstance(cache, ops.KVCache) and cache.v.shape == (2, 32, 2, 16), arch
+    model = tiny("hgrn2")
+    params = model.init(jax.random.PRNGKey(int(rng.integers(1 << 30))), x)
+    ref, _ = jax.jit(functools.partial(model.apply, return_state=True))(params, x)
+    logits, state = jax.jit(functools.partial(model.clone(kv_cache=True).apply,
+                                              return_state=True))(params, x)
+    assert int(state["layers"][0].length) == 9
+    np.testing.assert_allclose(logits, ref, atol=2e-5, rtol=2e-5)
 
 
 def test_sampling_modes_agree_and_respect_top_k(rng):
@@ -85,6 +109,8 @@ def test_bad_requests_are_one_line():
     with pytest.raises(ValueError, match="pass LLaMA's context max_len=32"):
         gen.check_request(llama, 30, 5)
     gen.check_request(tiny("tnl"), 30, 5)  # the linear models have no limit
+    with pytest.raises(ValueError, match=r"the KV cache's capacity max_len=32.*mode='state'"):
+        gen.check_request(tiny("tnl"), 30, 5, mode="kv_cache")  # unless they keep a KV cache
     with pytest.raises(ValueError, match="unknown mode"):
         gen.check_request(llama, 3, 2, mode="kv")
     with pytest.raises(ValueError, match="unknown arch"):

@@ -15,8 +15,10 @@ Token mixer, per head ``i`` (``K = head_dim``, default 128, the paper's ``d/h``)
 of relative distance (the extracted equation lost the position index, digest 1.4 [GARBLED]; the
 doubled q/k width is what the paper's FLOPs count). The linear attention is
 :func:`lion_jax.ops.causal_linear_attention` with ``log_decay=None``; its state
-``S [B, H, 2K, K]`` (float32) is the whole decoding state, and ``offset`` places the LRPE
-rotation, so a prefill plus continuation equals the full forward.
+``S [B, H, 2K, K]`` (float32) is the whole decoding state of the mixer (with
+``kv_cache_len > 0`` a :class:`lion_jax.ops.KVCache` of the LRPE-rotated keys and the values
+instead), and ``offset`` places the LRPE rotation, so a prefill plus continuation equals the
+full forward. The TPE's state (below) is recurrent in either case: it is not attention.
 
 :class:`Tpe` is the positional encoding applied once, right after the token embedding (digest
 1.4: ``X = Tpe(X)``), a per-channel causal Toeplitz mixer parameterised as a diagonal SSM with
@@ -244,7 +246,8 @@ class CosFormer2Attention(nn.Module):
     """cosFormer2 token mixer ``[B, L, D] -> [B, L, D]`` (causal); see the module docstring.
 
     Call: ``mixer(x, state=None, offset=0, return_state=False)``: ``x [B, L, D]``; ``state``
-    None or the ``S [B, H, 2K, K]`` (float32) a previous call returned; ``offset`` the position
+    None or the ``S [B, H, 2K, K]`` (float32) a previous call returned (with
+    ``kv_cache_len > 0``: a :class:`lion_jax.ops.KVCache`); ``offset`` the position
     of ``x[:, 0]`` (int or traced int32 scalar; the LRPE angles use ``offset + arange(L)``);
     returns ``y [B, L, D]``, or ``(y, new_state)`` with ``return_state=True``.
 
@@ -260,6 +263,9 @@ class CosFormer2Attention(nn.Module):
         parameter-free :func:`lion_jax.layers.tnl.srms_norm`).
       norm_eps: the RMSNorm's epsilon.
       impl, chunk_size: passed to :func:`lion_jax.ops.causal_linear_attention`.
+      kv_cache_len: > 0: a call with ``return_state`` and no ``state`` starts a KV cache of
+        this capacity (:func:`lion_jax.ops.empty_kv_cache`) instead of the recurrent state;
+        0: the state.
       dtype, param_dtype: compute and parameter dtypes (theta stays float32 whatever
         ``param_dtype``: in bfloat16 ``theta p`` would be off by radians at ``p ~ 10^3``).
     """
@@ -277,12 +283,15 @@ class CosFormer2Attention(nn.Module):
     norm_eps: float = 1e-6
     impl: str = "auto"
     chunk_size: int = 64
+    kv_cache_len: int = 0
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
     def __post_init__(self):
         if self.impl not in ops.IMPLS:
             raise ValueError(f"unknown impl {self.impl!r}; valid: {list(ops.IMPLS)}")
+        if self.kv_cache_len < 0:
+            raise ValueError(f"kv_cache_len must be >= 0, got {self.kv_cache_len}")
         for name, valid in (("qk_activation", QK_ACTIVATIONS), ("lrpe_span", LRPE_SPANS),
                             ("output_norm", OUTPUT_NORMS)):
             if getattr(self, name) not in valid:
@@ -329,7 +338,7 @@ class CosFormer2Attention(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray, *, state: jnp.ndarray | None = None, offset: Any = 0,
                  return_state: bool = False):
-        """``x [B, L, D]`` -> ``y [B, L, D]`` or ``(y, S [B, H, 2K, K])``; see the class."""
+        """``x [B, L, D]`` -> ``y [B, L, D]`` or ``(y, state)``; see the class."""
         B, L, D = x.shape
         H, K = self._heads(D), self.head_dim
         _check_offset(offset)
@@ -340,6 +349,8 @@ class CosFormer2Attention(nn.Module):
             q, k = nn.swish(q), nn.swish(k)
         theta = self._theta(H, K)
         q, k = (lrpe(t, theta, offset).astype(t.dtype) for t in (q, k))  # [B, L, H, 2K]
+        if state is None and return_state and self.kv_cache_len:
+            state = ops.empty_kv_cache(B, self.kv_cache_len, H, 2 * K, K, dtype=q.dtype)
 
         out = ops.causal_linear_attention(
             q, k, v.astype(q.dtype), None, normalize=False, impl=self.impl,

@@ -49,8 +49,9 @@ Numerics: the forget gate, its log and the key are computed in float32 whatever 
 ``log(sigmoid(z) + lb sigmoid(-z))`` (a ``logaddexp``) elsewhere, clipped to ``<= 0``; finite
 with finite gradients for any ``z`` and ``lb`` in ``[0, 1]``.
 
-Decoding: the state is the op's ``S [B, H, K, K]`` (float32), nothing else (no short conv);
-``offset`` does not enter (HGRN2 has no positional encoding; the decay is the position
+Decoding: the state is the op's ``S [B, H, K, K]`` (float32), nothing else (no short conv),
+or with ``kv_cache_len > 0`` a :class:`lion_jax.ops.KVCache` of every key, value and forget
+gate seen; ``offset`` does not enter (HGRN2 has no positional encoding; the decay is the position
 information).
 """
 
@@ -147,7 +148,8 @@ class Hgrn2Attention(nn.Module):
     - ``x [B, L, D]``;
     - ``lower_bounds``: ``[num_layers, H*K]``, the output of the model's
       :class:`Hgrn2LowerBounds` (required unless ``use_lower_bound=False``);
-    - ``state``: None or the state a previous call returned, ``S [B, H, K, K]`` float32;
+    - ``state``: None or the state a previous call returned, ``S [B, H, K, K]`` float32 (with
+      ``kv_cache_len > 0``: a :class:`lion_jax.ops.KVCache`);
     - ``offset``: position of ``x[:, 0]`` (accepted for the shared LM-mixer interface; unused);
     - returns ``y [B, L, D]``, or ``(y, new_state)`` with ``return_state=True``.
 
@@ -165,6 +167,9 @@ class Hgrn2Attention(nn.Module):
         parameter-free :func:`lion_jax.layers.tnl.srms_norm`).
       norm_eps: the RMSNorm's epsilon.
       impl, chunk_size: passed to :func:`lion_jax.ops.causal_linear_attention`.
+      kv_cache_len: > 0: a call with ``return_state`` and no ``state`` starts a KV cache of
+        this capacity (:func:`lion_jax.ops.empty_kv_cache`) instead of the recurrent state;
+        0: the state.
       dtype, param_dtype: compute and parameter dtypes.
     """
 
@@ -178,12 +183,15 @@ class Hgrn2Attention(nn.Module):
     norm_eps: float = 1e-6
     impl: str = "auto"
     chunk_size: int = 64
+    kv_cache_len: int = 0
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
     def __post_init__(self):
         if self.impl not in ops.IMPLS:
             raise ValueError(f"unknown impl {self.impl!r}; valid: {list(ops.IMPLS)}")
+        if self.kv_cache_len < 0:
+            raise ValueError(f"kv_cache_len must be >= 0, got {self.kv_cache_len}")
         for name, valid in (("query_activation", QUERY_ACTIVATIONS),
                             ("output_norm", OUTPUT_NORMS)):
             if getattr(self, name) not in valid:
@@ -232,7 +240,7 @@ class Hgrn2Attention(nn.Module):
     def __call__(self, x: jnp.ndarray, *, lower_bounds: jnp.ndarray | None = None,
                  state: jnp.ndarray | None = None, offset: Any = 0,
                  return_state: bool = False):
-        """``x [B, L, D]`` -> ``y [B, L, D]`` or ``(y, S [B, H, K, K])``; see the class."""
+        """``x [B, L, D]`` -> ``y [B, L, D]`` or ``(y, state)``; see the class."""
         del offset  # no positional encoding in HGRN2
         B, L, D = x.shape
         H, K = self._heads(D), self.head_dim
@@ -247,6 +255,9 @@ class Hgrn2Attention(nn.Module):
         log_f, key = forget_gate(z, lb)
 
         shape = (B, L, H, K)
+        if state is None and return_state and self.kv_cache_len:
+            state = ops.empty_kv_cache(B, self.kv_cache_len, H, K, K, decay="per_key",
+                                       dtype=q.dtype)
         out = ops.causal_linear_attention(
             q.reshape(shape), key.astype(q.dtype).reshape(shape), v.reshape(shape).astype(q.dtype),
             log_f.reshape(shape), normalize=False, impl=self.impl, chunk_size=self.chunk_size,

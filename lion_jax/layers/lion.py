@@ -155,6 +155,9 @@ class LionAttention(nn.Module):
         (RetNet's GroupNorm, xLSTM's multi-head norm); None = on for ``retnet`` and ``xlstm``.
       causal: use the causal op (the same parameters serve a causal LM).
       impl, chunk_size, eps: passed to the op.
+      kv_cache_len: causal only; > 0: a call with ``return_state`` and no ``state`` starts a
+        KV cache of this capacity (:func:`lion_jax.ops.empty_kv_cache`) instead of the
+        recurrent state, so decoding attends to every token seen; 0: the state.
       centre_values: passed to :func:`lion_jax.ops.lion_attention` (bidirectional,
         SCALE-normalised variants only): the kernels run on v less its mean over the
         sequence, which keeps 16-bit gradients precise for values far from zero mean under
@@ -184,6 +187,7 @@ class LionAttention(nn.Module):
     impl: str = "auto"
     chunk_size: int = 64
     eps: float = 1e-6
+    kv_cache_len: int = 0
     centre_values: bool = False
     decay_init_exponents: tuple[float, float] = (5.0, 12.0)
     input_gate_cap: float = 15.0
@@ -232,6 +236,9 @@ class LionAttention(nn.Module):
         if not 0 < self.hippo_dt_range[0] <= self.hippo_dt_range[1]:
             raise ValueError(f"hippo_dt_range must be (min, max) with 0 < min <= max; got "
                              f"{self.hippo_dt_range}")
+        if self.kv_cache_len < 0 or (self.kv_cache_len and not self.causal):
+            raise ValueError(f"kv_cache_len must be >= 0, and 0 unless causal=True; got "
+                             f"{self.kv_cache_len} with causal={self.causal}")
         if self.variant == "xlstm" and self.normalize is not None:
             raise ValueError("variant 'xlstm' always divides by max(den, 1); leave normalize=None")
         for name in ("num_heads", "head_dim", "value_dim", "chunk_size"):
@@ -364,12 +371,18 @@ class LionAttention(nn.Module):
         op = ops.causal_linear_attention if self.causal else ops.lion_attention
         kwargs = dict(impl=self.impl, chunk_size=self.chunk_size, eps=self.eps)
         stateful = state is not None or return_state  # checked in __call__: causal only
-        if stateful:
-            kwargs.update(initial_state=state, return_final_state=True)
 
-        def call(*args, **kw):
-            out = op(*args, **kw, **kwargs)
-            return out if stateful else (out, None)
+        def call(q, k, v, log_decay, **kw):
+            if not stateful:
+                return op(q, k, v, log_decay, **kw, **kwargs), None
+            init = state
+            if init is None and self.kv_cache_len:  # v as the op sees it (+ weight columns)
+                B, _, H, K = q.shape
+                init = ops.empty_kv_cache(B, self.kv_cache_len, H, K, v.shape[-1],
+                                          decay=None if log_decay is None else "scalar",
+                                          dtype=v.dtype)
+            return op(q, k, v, log_decay, **kw, **kwargs, initial_state=init,
+                      return_final_state=True)
         if self.centre_values:  # checked in __post_init__: bidirectional and normalised
             kwargs["centre_values"] = True
         if orders is not None:
@@ -416,7 +429,8 @@ class LionAttention(nn.Module):
 
         Causal decoding (``causal=True``; the interface of the causal LM mixers,
         :mod:`lion_jax.models.lm`): ``state`` None or the state a previous call returned (the
-        causal op's, float32: ``S [B, H, K, V']`` or ``(S, z)``), ``return_state`` returns
+        causal op's, float32: ``S [B, H, K, V']`` or ``(S, z)``; with ``kv_cache_len > 0`` a
+        :class:`lion_jax.ops.KVCache`), ``return_state`` returns
         ``(y, state)`` after the last token, so a prefill and continuation calls give the full
         forward. ``offset`` (the position of ``x[:, 0]``) is accepted and unused: the decays
         carry the order.

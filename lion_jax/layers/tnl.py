@@ -238,10 +238,11 @@ class TnlAttention(nn.Module):
 
     ``__call__(x, *, state=None, offset=0, return_state=False)`` is the interface of the
     project's causal LM mixers: ``state`` is None or what a previous call returned (here the
-    attention state ``S [B, H, K', K]``, float32, ``K' = 2K`` with LRPE, else ``K``),
-    ``offset`` the position of ``x[:, 0]`` (an int or a traced int32 scalar; only LRPE reads
-    it). A prefill with ``return_state=True`` followed by calls with ``state=..., offset=P``
-    gives the full forward.
+    attention state ``S [B, H, K', K]``, float32, ``K' = 2K`` with LRPE, else ``K``; with
+    ``kv_cache_len > 0`` a :class:`lion_jax.ops.KVCache` of the keys (after LRPE), values and
+    decays seen), ``offset`` the position of ``x[:, 0]`` (an int or a traced int32 scalar;
+    only LRPE reads it). A prefill with ``return_state=True`` followed by calls with
+    ``state=..., offset=P`` gives the full forward.
 
     Attributes:
       num_heads: ``H``. head_dim: ``K``; the hidden width is ``H*K``, the input/output width
@@ -257,6 +258,9 @@ class TnlAttention(nn.Module):
       gate: one of :data:`GATES`. gate_rank: the low-rank gate's ``t`` (None = ``head_dim``).
       norm_type: one of :data:`NORM_TYPES`. norm_eps: its epsilon.
       impl, chunk_size: passed to :func:`lion_jax.ops.causal_linear_attention`.
+      kv_cache_len: > 0: a call with ``return_state`` and no ``state`` starts a KV cache of
+        this capacity (:func:`lion_jax.ops.empty_kv_cache`) instead of the recurrent state,
+        so decoding attends to every token seen (the LION paper's Figure 5); 0: the state.
       init_std: std of the Gaussian kernel init (None = lecun normal).
       dtype: compute dtype of the projections and op inputs. param_dtype: parameter dtype.
     """
@@ -278,6 +282,7 @@ class TnlAttention(nn.Module):
     norm_eps: float = SRMSNORM_EPS
     impl: str = "auto"
     chunk_size: int = 64
+    kv_cache_len: int = 0
     init_std: float | None = 0.02
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -302,6 +307,8 @@ class TnlAttention(nn.Module):
                              f"got gate_rank={self.gate_rank!r}, gate={self.gate!r}")
         if not self.norm_eps >= 0:
             raise ValueError(f"norm_eps must be >= 0, got {self.norm_eps!r}")
+        if self.kv_cache_len < 0:
+            raise ValueError(f"kv_cache_len must be >= 0, got {self.kv_cache_len!r}")
         if self.init_std is not None and not self.init_std > 0:
             raise ValueError(f"init_std must be positive or None, got {self.init_std!r}")
         super().__post_init__()
@@ -356,9 +363,11 @@ class TnlAttention(nn.Module):
 
         Args:
           x: the (normed) tokens.
-          state: None (empty context) or the ``S [B, H, K', K]`` a previous call returned.
+          state: None (empty context) or what a previous call returned: ``S [B, H, K', K]``,
+            or a :class:`lion_jax.ops.KVCache` (``kv_cache_len > 0``).
           offset: position of ``x[:, 0]`` in the sequence (int >= 0 or traced int32 scalar).
-          return_state: also return the state after the last token (float32).
+          return_state: also return the state after the last token (``S`` in float32, or the
+            KV cache).
         """
         if x.ndim != 3:
             raise ValueError(f"TnlAttention: x must be [B, L, D], got shape {x.shape}")
@@ -394,8 +403,10 @@ class TnlAttention(nn.Module):
         log_decay = self.log_decay()
         if log_decay is not None:
             log_decay = jnp.broadcast_to(jnp.asarray(log_decay), (B, L, H))
-        if state is not None:
-            state = jnp.asarray(state)
+        if state is None and return_state and self.kv_cache_len:
+            state = ops.empty_kv_cache(B, self.kv_cache_len, H, self.key_dim, K,
+                                       decay=None if log_decay is None else "scalar",
+                                       dtype=compute_dtype)
         y, new_state = ops.causal_linear_attention(
             q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay, normalize=False,
             impl=self.impl, chunk_size=self.chunk_size, initial_state=state,

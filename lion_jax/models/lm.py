@@ -35,7 +35,9 @@ Decoding (:mod:`lion_jax.generate`): ``model(tokens, state=None, offset=0,
 return_state=False)``; ``state`` is ``{"layers": [one mixer state per block], "tpe": ...}``
 (the TPE's only for cosFormer2), as a previous call with ``return_state=True`` returned it, and
 ``offset`` the position of ``tokens[:, 0]``. A prefill and continuation calls give the logits
-of the full forward.
+of the full forward. A mixer's state is LLaMA's KV cache, or a linear mixer's recurrent state
+``S``, or with ``kv_cache=True`` a linear mixer's KV cache (:class:`lion_jax.ops.KVCache`, of
+capacity ``max_len``: the same outputs by attention to every token seen).
 """
 
 from typing import Any, Mapping
@@ -127,12 +129,15 @@ class CausalLM(nn.Module):
       arch: one of :data:`ARCHS`.
       vocab_size, d_model, num_layers, num_heads, mlp_dim: sizes (head width
         ``d_model // num_heads``; :func:`lm_size` gives the paper's).
-      max_len: the context: LLaMA's KV cache capacity; :mod:`lion_jax.generate` refuses a
-        longer prompt + generation for LLaMA. The linear models have no limit.
+      max_len: the context: LLaMA's KV cache capacity (and the linear models' with
+        ``kv_cache``); :mod:`lion_jax.generate` refuses a longer prompt + generation there.
+        The linear models decoding from their state have no limit.
       mixer: extra token-mixer keyword arguments (ablation switches, ``impl``, ...).
       norm: block and final norm (``"rmsnorm"``, ``"srmsnorm"``, ``"layernorm"``); "" = the
         architecture's (:data:`DEFAULT_NORM`).
       embed_init_std: the embedding's init deviation.
+      kv_cache: the linear mixers' decoding state is a KV cache of capacity ``max_len``
+        (their ``kv_cache_len``) instead of the recurrent state (LLaMA's always is one).
       dtype, param_dtype: compute and parameter dtypes (logits are float32).
     """
 
@@ -146,6 +151,7 @@ class CausalLM(nn.Module):
     mixer: Mapping[str, Any] = None
     norm: str = ""
     embed_init_std: float = 0.02
+    kv_cache: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -172,6 +178,8 @@ class CausalLM(nn.Module):
             kwargs.update(layer_index=index, num_layers=self.num_layers)
             if self.arch == "tnl":
                 kwargs["use_lrpe"] = index == 0
+        if self.kv_cache and self.arch != "llama":
+            kwargs["kv_cache_len"] = self.max_len
         return {**kwargs, **DEFAULT_MIXER.get(self.arch, {}), **dict(self.mixer or {})}
 
     @nn.compact
