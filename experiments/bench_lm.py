@@ -4,13 +4,15 @@ of the causal LMs (Lightning Attention's "constant speed"; LION paper Figure 5).
     python -m experiments.bench_lm [--out DIR] [--size 410m] [--tokens_per_step 32768]
         [--lengths 1024,2048,4096,8192,16384,32768] [--archs llama,tnl,hgrn2,cosformer2]
         [--contexts 1024,4096,16384,32768] [--decode_archs llama,tnl,hgrn2,cosformer2,lion_s]
-        [--recompute_archs llama,lion_s] [--vocab 100280] [--calls 5]
+        [--recompute_archs llama,lion_s] [--vocab 100280] [--calls 5] [--noremat]
 
 (a) Training: for each architecture and length L, a batch of ``tokens_per_step / L`` rows of
     L tokens (the same tokens per step at every length); one AdamW step (forward, backward,
     update) of :class:`lion_jax.models.lm.CausalLM` at the scaling-laws ``--size``, float32
     parameters, bf16 compute, the mixers at ``impl="auto"`` (the Pallas kernels on a GPU, cuDNN
-    flash attention for LLaMA). Reported: training tokens/s and XLA's compiled memory.
+    flash attention for LLaMA), the training task's sliced loss
+    (:func:`lion_jax.models.lm.next_token_losses`) and, with ``--remat`` (default), each block
+    recomputed in the backward pass. Reported: training tokens/s and XLA's compiled memory.
 (b) Decoding, batch 1: for each context length C, the time of one generated token and the
     compiled memory of that call (its arguments, the decoding state included, plus outputs and
     temporaries), in two modes (``lion_jax.generate``): ``state`` (one token from a state
@@ -27,6 +29,7 @@ reason. Prints Markdown tables; with ``--out`` writes ``table.md``, ``plot_train
 import os
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -35,7 +38,7 @@ from absl import app, flags
 from experiments.bench_mlm import compiled_mib
 from experiments.bench_value_decay import timed
 from experiments.bench_vision import failure, two_panels
-from lion_jax.models.lm import ARCHS, CausalLM, lm_size
+from lion_jax.models.lm import ARCHS, CausalLM, lm_size, next_token_losses
 
 FLAGS = flags.FLAGS
 
@@ -52,16 +55,18 @@ def define_flags():
     flags.DEFINE_list("recompute_archs", ["llama", "lion_s"], "Archs also decoded by recompute.")
     flags.DEFINE_integer("vocab", 100_280, "Vocabulary size.")
     flags.DEFINE_integer("calls", 5, "Calls timed back to back.")
+    flags.DEFINE_bool("remat", True, "Train with each block recomputed in the backward pass "
+                      "(without it a 410M model at 32K tokens per step needs about 80 GB).")
 
 
-def model(arch, dims, vocab, max_len, impl="auto"):
+def model(arch, dims, vocab, max_len, impl="auto", remat=False):
     """The bf16-compute :class:`CausalLM` of ``arch`` with ``dims`` (``lm_size``'s keys)."""
     return CausalLM(arch=arch, vocab_size=vocab, max_len=max_len, mixer={"impl": impl},
-                    dtype=jnp.bfloat16, **dims)
+                    remat=remat, dtype=jnp.bfloat16, **dims)
 
 
 def init_params(net):
-    return jax.jit(net.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+    return nn.meta.unbox(jax.jit(net.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
 
 
 def tokens(batch, length, vocab, seed=0):
@@ -69,15 +74,17 @@ def tokens(batch, length, vocab, seed=0):
 
 
 def train_step(net, params, batch_tokens, calls):
-    """(ms per AdamW step, compiled MiB) of next-token cross-entropy on ``batch_tokens``."""
+    """(ms per AdamW step, compiled MiB) of next-token cross-entropy on ``batch_tokens`` (the
+    training task's loss: :func:`~lion_jax.models.lm.next_token_losses`)."""
     tx = optax.adamw(3e-4, weight_decay=0.1)
     opt = tx.init(params)
 
     @jax.jit
     def step(params, opt, x):
         def loss(p):
-            logits = net.apply(p, x[:, :-1])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, x[:, 1:]).mean()
+            features = net.apply(p, x[:, :-1], hidden=True)
+            return next_token_losses(features, p["params"]["embed"]["embedding"],
+                                     x[:, 1:])[0].mean()
         grads = jax.grad(loss)(params)
         updates, opt = tx.update(grads, opt, params)
         return optax.apply_updates(params, updates), opt
@@ -105,14 +112,14 @@ def decode_step(net, params, context, vocab, calls, mode):
             compiled_mib(compiled))
 
 
-def train_rows(archs, dims, vocab, tokens_per_step, lengths, calls):
+def train_rows(archs, dims, vocab, tokens_per_step, lengths, calls, remat=True):
     """``{(arch, L): (tokens/s, MiB) or reason}``; ``dims(arch)`` gives the model's sizes."""
     results = {}
     for arch in archs:
         for length in lengths:
             batch = max(1, tokens_per_step // length)
             try:
-                net = model(arch, dims(arch), vocab, length)
+                net = model(arch, dims(arch), vocab, length, remat=remat)
                 params = init_params(net)
                 ms, mib = train_step(net, params, tokens(batch, length + 1, vocab), calls)
                 results[arch, length] = (batch * length / ms * 1e3, mib)
@@ -151,8 +158,9 @@ def _table(title, names, results, columns, fmt):
 
 
 def markdown(device, size, tokens_per_step, calls, archs, train, lengths, names, decode,
-             contexts):
-    lines = [f"{device}, jax {jax.__version__}, scaling-laws {size} models, bf16 compute; "
+             contexts, remat=True):
+    lines = [f"{device}, jax {jax.__version__}, scaling-laws {size} models, bf16 compute"
+             f"{', blocks rematerialized in training' if remat else ''}; "
              f"{calls} calls back to back after a warm-up call, one sync", ""]
     if train:
         lines += _table(f"Training tokens/s at {tokens_per_step:,} tokens per step (compiled "
@@ -195,11 +203,11 @@ def main(argv):
         return lm_size(FLAGS.size, arch)
 
     train = train_rows(FLAGS.archs, dims, FLAGS.vocab, FLAGS.tokens_per_step, lengths,
-                       FLAGS.calls) if FLAGS.archs else {}
+                       FLAGS.calls, FLAGS.remat) if FLAGS.archs else {}
     names, decode = decode_rows(FLAGS.decode_archs, FLAGS.recompute_archs, dims, FLAGS.vocab,
                                 contexts, FLAGS.calls)
     table = markdown(device, FLAGS.size, FLAGS.tokens_per_step, FLAGS.calls, FLAGS.archs,
-                     train, lengths, names, decode, contexts)
+                     train, lengths, names, decode, contexts, FLAGS.remat)
     print(table)
     if FLAGS.out:
         os.makedirs(FLAGS.out, exist_ok=True)

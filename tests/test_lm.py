@@ -2,6 +2,7 @@
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from lion_jax import generate as gen
 from lion_jax import ops
-from lion_jax.models.lm import ARCHS, CausalLM, lm_size
+from lion_jax.models.lm import ARCHS, CausalLM, lm_size, next_token_losses
 
 VOCAB = 37
 
@@ -143,3 +144,59 @@ def test_cosformer2_parameter_counts_near_table_7():
     """cosFormer2's printed counts are 0.1-0.9M above what its equations give (digest 2.3)."""
     for size, printed in zip(SIZES, TABLE_7["cosformer2"]):
         assert -0.1 <= printed - non_embedding_millions("cosformer2", size) <= 1.0, size
+
+
+@pytest.mark.parametrize("max_logits", [1, 5 * 37 * 3, 10**9])  # 1 token, 3 with padding, all
+def test_next_token_losses_match_the_full_logits(rng, max_logits):
+    B, L, D, V = 5, 11, 16, 37
+    features = jnp.asarray(rng.normal(size=(B, L, D)), jnp.float32)
+    embedding = jnp.asarray(rng.normal(size=(V, D)) * 0.5, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, V, size=(B, L)), jnp.int32)
+    weights = jnp.asarray(rng.normal(size=(B, L)), jnp.float32)
+
+    def full(f, e):
+        logits = f @ e.T
+        xent = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+        return xent, (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+
+    def sliced(f, e):
+        return next_token_losses(f, e, targets, max_logits=max_logits)
+
+    for got, want in zip(sliced(features, embedding), full(features, embedding)):
+        assert got.shape == (B, L) and got.dtype == jnp.float32
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    grads = [jax.grad(lambda f, e, fn=fn: jnp.sum(fn(f, e)[0] * weights), argnums=(0, 1))(
+        features, embedding) for fn in (sliced, full)]
+    for got, want in zip(*grads):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_hidden_features_give_the_logits(rng):
+    net = CausalLM(arch="tnl", vocab_size=41, d_model=16, num_layers=2, num_heads=2,
+                   mlp_dim=24)
+    tokens = jnp.asarray(rng.integers(0, 41, size=(2, 7)), jnp.int32)
+    params = nn.meta.unbox(net.init(jax.random.PRNGKey(int(rng.integers(2**31))), tokens))
+    features = net.apply(params, tokens, hidden=True)
+    assert features.shape == (2, 7, 16) and features.dtype == jnp.float32
+    np.testing.assert_allclose(features @ params["params"]["embed"]["embedding"].T,
+                               net.apply(params, tokens), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["tnl", "llama"])
+def test_remat_changes_neither_values_nor_gradients(rng, arch):
+    kwargs = dict(arch=arch, vocab_size=29, d_model=16, num_layers=2, num_heads=2, mlp_dim=24)
+    tokens = jnp.asarray(rng.integers(0, 29, size=(2, 9)), jnp.int32)
+    plain, remat = CausalLM(**kwargs), CausalLM(remat=True, **kwargs)
+    params = nn.meta.unbox(plain.init(jax.random.PRNGKey(int(rng.integers(2**31))), tokens))
+    np.testing.assert_allclose(remat.apply(params, tokens), plain.apply(params, tokens),
+                               rtol=1e-6, atol=1e-6)
+    grads = [jax.grad(lambda p, n=n: jnp.sum(n.apply(p, tokens) ** 2))(params)
+             for n in (plain, remat)]
+    for got, want in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(grads[0])):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Decoding takes the plain path (remat cannot carry its flags): same logits and state.
+    _, state = remat.apply(params, tokens[:, :5], return_state=True)
+    step = remat.apply(params, tokens[:, 5:], state=state, offset=5)
+    np.testing.assert_allclose(step, plain.apply(params, tokens)[:, 5:], rtol=1e-4, atol=1e-5)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import types
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -244,33 +245,23 @@ def test_tiny_run_trains_with_falling_loss(runs, arch):
     assert train and "log_likelihood" not in train[0]
 
 
-class _FixedLogits:
-    """A stand-in model whose logits are given."""
-
-    def __init__(self, logits):
-        self.logits = logits
-
-    def apply(self, variables, tokens):
-        return self.logits
-
-
-def test_loss_is_the_mean_next_token_cross_entropy(cache_dir, rng):
+def test_loss_is_the_mean_next_token_cross_entropy(cache_dir):
     task = get_task(tiny_config("tnl", cache_dir))
     assert TASKS["lm"] == "experiments.tasks.lm:LMTask"
     assert task.model.vocab_size == task.info["vocab_size"] == 300
     batch = next(task.eval_batches("val", 2))
     assert batch["tokens"].dtype == batch["targets"].dtype == np.int32
     assert batch["tokens"].shape == (2, 32)
-    logits = jnp.asarray(rng.normal(size=(2, 32, 300)) * 3, jnp.float32)
-    task.model = _FixedLogits(logits)
-    loss, metrics = task.loss(None, batch, None, train=False)
+    params = nn.meta.unbox(task.init(jax.random.PRNGKey(np.random.randint(2**31))))["params"]
+    loss, metrics = task.loss(params, batch, None, train=False)
+    logits = task.model.apply({"params": params}, batch["tokens"])  # the full [B, L, V] logits
     logp = jax.nn.log_softmax(logits)
     nll = -jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
     np.testing.assert_allclose(loss, nll.mean(-1), rtol=1e-5)
     np.testing.assert_allclose(metrics["log_likelihood"], -loss)
     hits = jnp.argmax(logits, -1) == batch["targets"]
     np.testing.assert_allclose(metrics["accuracy"], hits.mean(-1))
-    _, train_metrics = task.loss(None, batch, None, train=True)
+    _, train_metrics = task.loss(params, batch, None, train=True)
     assert set(train_metrics) == {"accuracy"}
     # The split metrics: perplexity = exp(mean row loss).
     out = task.split_metrics("val", {"log_likelihood": np.array([-1.0, -2.0])})
@@ -311,6 +302,7 @@ def test_generation_modes_agree_tnl(runs, tmp_path):
     ref = generator.continue_ids(prompt, max_new_tokens=8, mode="recompute")
     assert generator.continue_ids(prompt, max_new_tokens=8, mode="state",
                                   prefill_chunk=3) == ref
+    assert generator.continue_ids(prompt, max_new_tokens=8, mode="kv_cache") == ref
     text = generator.continue_text(prompt, max_new_tokens=8, mode="recompute")
     assert text == generator.tokenizer.decode(ref)
     with pytest.raises(UserError, match="config.json not found"):

@@ -125,8 +125,8 @@ def base_config(arch):
         max_chars=3000, cache_dir="~/.cache/lion_jax/lm"))
     c.model = ml_collections.ConfigDict(dict(
         arch=arch, size="160m", vocab_size=0, num_layers=0, d_model=0, num_heads=0, mlp_dim=0,
-        max_len=0, mixer=mixer(arch), norm="", embed_init_std=0.02, dtype="bfloat16",
-        param_dtype="float32"))
+        max_len=0, mixer=mixer(arch), norm="", embed_init_std=0.02, remat=False,
+        dtype="bfloat16", param_dtype="float32"))
     c.batch_size = BATCH_ROWS
     c.grad_accum_steps = GRAD_ACCUM
     c.eval_batch_size = 16

@@ -10,6 +10,8 @@ the tokens shifted by one) and the pipeline's ``mask [B]``.
 
 Loss: the mean next-token cross-entropy (nats) over a row's ``L`` targets, per row; every row
 is full (the packer drops the tail), so the trainer's average over rows is the token average.
+It is computed in slices of the sequence (:func:`lion_jax.models.lm.next_token_losses`), so the
+``B x L x vocab`` logits are never held at once.
 Metrics: ``accuracy`` (next-token top-1 accuracy, per row) and, in evaluation only,
 ``log_likelihood`` (minus the loss: the mean log-probability per token) and ``perplexity``,
 both over the whole split (the ``split_metrics`` hook): ``perplexity = exp(loss)`` with the
@@ -27,14 +29,14 @@ values win; ``size=""`` needs all four); ``vocab_size`` 0 = the tokenizer's (a l
 pads the embedding, e.g. to a paper's vocabulary; a smaller one is an error); ``max_len`` 0 =
 the data's row length (LLaMA's KV-cache capacity, the longest prompt + generation);
 ``mixer`` (token-mixer keyword arguments over :data:`lion_jax.models.lm.DEFAULT_MIXER`),
-``norm``, ``embed_init_std``; ``dtype`` / ``param_dtype`` are names ("bfloat16"). A bad key or
+``norm``, ``embed_init_std``, ``remat`` (recompute each block in the backward pass: long
+contexts and big models in less memory); ``dtype`` / ``param_dtype`` are names ("bfloat16"). A bad key or
 value stops with one line naming it, before anything is compiled.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from experiments.data import lm as lm_data
 from experiments.data.pipeline import BatchIterator
@@ -44,7 +46,7 @@ from experiments.tasks import load_dataset, model_size_and_dtypes
 DATASETS = {"lm": lm_data.load_lm}
 SIZE_KEYS = ("num_layers", "d_model", "num_heads", "mlp_dim")
 MODEL_KEYS = ("arch", "size", "vocab_size", *SIZE_KEYS, "max_len", "mixer", "norm",
-              "embed_init_std", "dtype", "param_dtype")
+              "embed_init_std", "remat", "dtype", "param_dtype")
 CHECK_LEN = 16  # tokens of the shape-only forward that checks a model config
 
 
@@ -133,10 +135,9 @@ class LMTask:
 
     def token_losses(self, params, tokens, targets):
         """Per token ``(cross-entropy [B, L], correct [B, L])``, float32."""
-        logits = self.model.apply({"params": params}, tokens)
-        xent = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-        return xent, correct
+        from lion_jax.models.lm import next_token_losses
+        features = self.model.apply({"params": params}, tokens, hidden=True)
+        return next_token_losses(features, params["embed"]["embedding"], targets)
 
     def loss(self, params, batch, rng, *, train):
         del rng  # no dropout

@@ -43,7 +43,9 @@ capacity ``max_len``: the same outputs by attention to every token seen).
 from typing import Any, Mapping
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import optax
 
 from lion_jax.layers.cosformer2 import CosFormer2Attention, Tpe
 from lion_jax.layers.glu import Sglu, SwiGlu
@@ -136,6 +138,8 @@ class CausalLM(nn.Module):
       norm: block and final norm (``"rmsnorm"``, ``"srmsnorm"``, ``"layernorm"``); "" = the
         architecture's (:data:`DEFAULT_NORM`).
       embed_init_std: the embedding's init deviation.
+      remat: recompute each block's activations in the backward pass (``nn.remat``): memory
+        for one block's activations instead of all, for about one more forward pass of time.
       kv_cache: the linear mixers' decoding state is a KV cache of capacity ``max_len``
         (their ``kv_cache_len``) instead of the recurrent state (LLaMA's always is one).
       dtype, param_dtype: compute and parameter dtypes (logits are float32).
@@ -151,6 +155,7 @@ class CausalLM(nn.Module):
     mixer: Mapping[str, Any] = None
     norm: str = ""
     embed_init_std: float = 0.02
+    remat: bool = False
     kv_cache: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -183,8 +188,12 @@ class CausalLM(nn.Module):
         return {**kwargs, **DEFAULT_MIXER.get(self.arch, {}), **dict(self.mixer or {})}
 
     @nn.compact
-    def __call__(self, tokens, *, state=None, offset=0, return_state=False):
-        """``tokens [B, L]`` int -> ``logits [B, L, V]`` float32, or ``(logits, state)``."""
+    def __call__(self, tokens, *, state=None, offset=0, return_state=False, hidden=False):
+        """``tokens [B, L]`` int -> ``logits [B, L, V]`` float32, or ``(logits, state)``.
+
+        ``hidden=True`` returns the final-norm features ``[B, L, D]`` (float32) instead of the
+        logits, for :func:`next_token_losses`, which never holds all ``B x L x V`` logits.
+        """
         embed = nn.Embed(self.vocab_size, self.d_model, param_dtype=self.param_dtype,
                          embedding_init=nn.with_logical_partitioning(
                              nn.initializers.normal(self.embed_init_std), ("vocab", "embed")),
@@ -203,13 +212,60 @@ class CausalLM(nn.Module):
                                             param_dtype=self.param_dtype,
                                             name="lower_bounds")()
         norm = self.norm or DEFAULT_NORM[self.arch]
+        decoding = state is not None or return_state
         for i in range(self.num_layers):
-            x, layer_state = LmBlock(
+            block = (nn.remat(LmBlock) if self.remat and not decoding else LmBlock)(
                 arch=self.arch, mixer=self._mixer_kwargs(i), mlp_dim=self.mlp_dim, norm=norm,
-                dtype=self.dtype, param_dtype=self.param_dtype, name=f"block_{i}")(
-                x, state=None if state is None else state["layers"][i], offset=offset,
-                return_state=return_state, lower_bounds=lower_bounds)
+                dtype=self.dtype, param_dtype=self.param_dtype, name=f"block_{i}")
+            if decoding:
+                x, layer_state = block(
+                    x, state=None if state is None else state["layers"][i], offset=offset,
+                    return_state=return_state, lower_bounds=lower_bounds)
+            else:  # no Python flags through remat: they would be traced
+                x, layer_state = block(x, offset=offset, lower_bounds=lower_bounds)
             new_state["layers"].append(layer_state)
-        x = _norm(norm, self.dtype, self.param_dtype, "final_norm")(x)
-        logits = embed.attend(x.astype(jnp.float32))
-        return (logits, new_state) if return_state else logits
+        x = _norm(norm, self.dtype, self.param_dtype, "final_norm")(x).astype(jnp.float32)
+        out = x if hidden else embed.attend(x)
+        return (out, new_state) if return_state else out
+
+
+def next_token_losses(features, embedding, targets, *, max_logits=2**26):
+    """Per-token cross-entropy and argmax hits of the tied-embedding logits, in slices.
+
+    ``logits = features @ embedding^T`` (what :class:`CausalLM` returns) would hold ``B x L x V``
+    float32 numbers, and their softmax and gradient as many again: 13 GB each for 32K tokens of
+    the 100,280-token vocabulary. Here the sequence axis is cut into slices of at most
+    ``max_logits`` logits, scanned, and each slice is recomputed in the backward pass
+    (``jax.checkpoint``), so memory holds one slice; values and gradients are those of the full
+    logits.
+
+    Args:
+      features: ``[B, L, D]`` float32, ``CausalLM(..., hidden=True)``'s output.
+      embedding: ``[V, D]``, the tied embedding (``params["embed"]["embedding"]``).
+      targets: ``[B, L]`` int.
+      max_logits: the most logits one slice holds (``B x slice length x V``).
+    Returns:
+      ``(xent [B, L], correct [B, L])``, float32.
+    """
+    B, L, _ = features.shape
+    size = max(1, min(L, max_logits // (B * embedding.shape[0])))
+    pad = -L % size
+    features = jnp.pad(features, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    embedding = embedding.astype(jnp.float32)
+
+    @jax.checkpoint
+    def one_slice(_, inputs):
+        x, y = inputs  # [B, size, D], [B, size]
+        logits = x @ embedding.T
+        xent = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        return None, (xent, (jnp.argmax(logits, -1) == y).astype(jnp.float32))
+
+    def slices(a):
+        return jnp.moveaxis(a.reshape(B, -1, size, *a.shape[2:]), 1, 0)
+
+    _, (xent, correct) = jax.lax.scan(one_slice, None, (slices(features), slices(targets)))
+
+    def unslice(a):
+        return jnp.moveaxis(a, 0, 1).reshape(B, -1)[:, :L]
+    return unslice(xent), unslice(correct)
