@@ -14,14 +14,15 @@ import os
 import statistics
 
 
-def read_train_metrics(workdir):
-    """``{step: metrics}`` of the train records in ``workdir/metrics.jsonl``."""
+def read_split_metrics(workdir, split="train"):
+    """``{step: metrics}`` of the ``split`` records ("train", "val", ...) in
+    ``workdir/metrics.jsonl``."""
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {path} not found (is {workdir!r} a training workdir?)")
     with open(path) as f:
         records = [json.loads(line) for line in f if line.strip()]
-    return {r["step"]: r["metrics"] for r in records if r["split"] == "train"}
+    return {r["step"]: r["metrics"] for r in records if r["split"] == split}
 
 
 def main():
@@ -31,7 +32,7 @@ def main():
     parser.add_argument("--batch_size", type=int, default=0, help="global batch, for examples/s")
     args = parser.parse_args()
 
-    runs = {w: read_train_metrics(w) for w in args.workdirs}
+    runs = {w: read_split_metrics(w) for w in args.workdirs}
     reference = runs[args.workdirs[0]]
     steps = sorted(reference)[:args.steps]
     print("step  " + "  ".join(f"{os.path.basename(w.rstrip('/')):>14s}" for w in runs)
