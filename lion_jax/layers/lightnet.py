@@ -108,6 +108,23 @@ def softmax_over_sequence(logits: jnp.ndarray, mask: jnp.ndarray | None = None) 
     return e / jnp.where(total > 0, total, 1.0)
 
 
+def one_scan(q: jnp.ndarray, logits: jnp.ndarray, v: jnp.ndarray,
+             mask: jnp.ndarray | None = None, key: jnp.ndarray | None = None) -> jnp.ndarray:
+    """The non-causal LNA core ``q (kbar^T v)``, ``kbar = softmax_seq(logits)`` (times ``key``
+    for ``share_decay=False``): two matmuls, no scan (digest 2.4).
+
+    Args:
+      q: ``[B, L, H, K]`` (``phi`` applied); logits, key: ``[B, L, H, K]``; v: ``[B, L, H, V]``;
+      mask: None or ``[B, L]`` bool (True = real token).
+    Returns:
+      ``[B, L, H, V]`` in the dtype of ``q``, ``logits`` and ``v`` promoted.
+    """
+    w = softmax_over_sequence(logits, mask)
+    kbar = w if key is None else key * w
+    kv = jnp.einsum("blhk,blhv->bhkv", kbar, v.astype(kbar.dtype))
+    return jnp.einsum("blhk,bhkv->blhv", q, kv)
+
+
 class LightNetAttention(nn.Module):
     """LightNet Attention ``[B, L, D] -> [B, L, D]``; see the module docstring.
 
@@ -243,10 +260,7 @@ class LightNetAttention(nn.Module):
                 new_state = (S, z_last)
             y = y.astype(f32)
         else:
-            w = softmax_over_sequence(logits, mask)
-            kbar = w if key is None else key * w
-            kv = jnp.einsum("blhk,blhv->bhkv", kbar, v.astype(f32))
-            y = jnp.einsum("blhk,bhkv->blhv", q, kv)
+            y = one_scan(q, logits, v.astype(f32), mask, key)
 
         y = self._norm(y.reshape(B, L, D).astype(f32))
         g = self._dense(self.gate_rank or K, ("embed", None), "gate_down")(x)
