@@ -33,7 +33,7 @@ from experiments.bench_mlm import compiled_mib
 from experiments.bench_value_decay import timed
 from experiments.bench_vision import failure, two_panels
 from lion_jax import ops
-from lion_jax.layers.lightnet import one_scan
+from lion_jax.layers.lightnet import one_scan, softmax_over_sequence
 
 FLAGS = flags.FLAGS
 SIDES = ("LNA, one scan", "two scans", "LION-S")
@@ -53,7 +53,8 @@ def define_flags():
 def _lna(q, k, v, log_decay):
     del log_decay  # the additive decay comes from the keys themselves
     f32 = jnp.float32
-    return one_scan(jax.nn.silu(q.astype(f32)), k.astype(f32), v.astype(f32)).astype(v.dtype)
+    kbar = softmax_over_sequence(k.astype(f32))
+    return one_scan(jax.nn.silu(q.astype(f32)), kbar, v.astype(f32)).astype(v.dtype)
 
 
 def _two_scans(q, k, v, log_decay):

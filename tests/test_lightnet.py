@@ -12,7 +12,14 @@ from lion_jax import ops
 from lion_jax.layers.lightnet import (LightNetAttention, additive_decay,
                                       softmax_over_sequence)
 
-jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    """float64 inside this module's tests only (a global switch would change every later
+    test module's dtypes)."""
+    with jax.enable_x64(True):
+        yield
 
 B, L, D, H = 2, 37, 12, 3
 K = D // H
@@ -307,3 +314,58 @@ def test_bad_attributes_one_line_errors(kwargs, match):
     with pytest.raises(ValueError, match=match) as e:
         LightNetAttention(**kwargs)
     assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# MD-LRPE inside the layer
+
+
+def test_causal_lrpe_impls_and_decoding_agree(rng):
+    L = 21
+    x = _x(rng, (B, L, D))
+    mixer = LightNetAttention(num_heads=H, causal=True, lrpe=True, impl="attention",
+                              param_dtype=jnp.float64)
+    params = _init(mixer, x, rng)
+    full = mixer.apply(params, x)
+    _assert_close(mixer.clone(impl="chunk", chunk_size=8).apply(params, x), full, 1e-10)
+    y, state = mixer.apply(params, x[:, :11], return_state=True)
+    assert state[0].shape == (B, H, 2 * K, K)
+    outs = [y]
+    for t in range(11, L):  # positions continue from the offset
+        y, state = mixer.clone(impl="recurrent").apply(params, x[:, t:t + 1], state=state,
+                                                       offset=t, return_state=True)
+        outs.append(y)
+    _assert_close(jnp.concatenate(outs, axis=1), full, 1e-10)
+    # the rotation matters: without the offsets the continuation differs
+    wrong = mixer.clone(impl="recurrent").apply(params, x[:, 11:12], state=mixer.apply(
+        params, x[:, :11], return_state=True)[1], offset=0)
+    assert np.abs(np.asarray(wrong) - np.asarray(full[:, 11:12])).max() > 1e-6
+
+
+def test_noncausal_grid_lrpe_is_relative(rng):
+    """A class token and a 3 x 4 grid: the module's output is the one-scan core on MD-LRPE-
+    rotated queries and keys, and the grid-to-grid weights depend on grid offsets only."""
+    from lion_jax.layers.lightnet import one_scan, softmax_over_sequence
+    from lion_jax.layers.md_pe import grid_positions, md_lrpe, md_lrpe_thetas
+    grid, N = (3, 4), 13
+    x = _x(rng, (B, N, D))
+    mixer = LightNetAttention(num_heads=H, lrpe=True, grid_shape=grid, num_prefix=1,
+                              param_dtype=jnp.float64)
+    params = _init(mixer, x, rng)
+    p = params["params"]
+    q = _silu(np.asarray(x @ p["query"]["kernel"])).reshape(B, N, H, K)
+    kbar = softmax_over_sequence((x @ p["key"]["kernel"]).reshape(B, N, H, K))
+    v = (x @ p["value"]["kernel"]).reshape(B, N, H, K)
+    theta = md_lrpe_thetas(H, K, 2)
+
+    def core(kbar, shift):
+        pos = grid_positions(grid, 1) + np.array([[0, 0]] + [[shift, 0]] * 12)
+        return one_scan(md_lrpe(jnp.asarray(q), theta, pos), md_lrpe(kbar, theta, pos), v)
+
+    _assert_close(mixer.apply(params, x), _epilogue(params, x, core(kbar, 0)), 1e-10)
+    # The prefix stays at 0 when the grid moves, so only grid-to-grid weights are shift-free:
+    # the grid tokens' outputs from the grid keys alone.
+    kbar_grid = kbar.at[:, 0].set(0.0)
+    _assert_close(core(kbar_grid, 1)[:, 1:], core(kbar_grid, 0)[:, 1:], 1e-10)
+    with pytest.raises(ValueError, match=r"13 tokens, but num_prefix \+ prod\(grid_shape\)"):
+        mixer.clone(num_prefix=0).init(jax.random.PRNGKey(0), x)

@@ -53,10 +53,12 @@ later ones).
 
 Decoding (causal): ``state`` is ``(S [B, H, K, K], z [B, H, K])`` float32, the op's state and
 the running log-normaliser; a prefill with ``return_state=True`` and single-token calls give
-the full forward. ``offset`` is accepted for the LM-mixer interface and unused (no positional
-encoding here; MD-TPE / MD-LRPE are separate). ``kv_cache_len`` is not supported.
+the full forward. ``offset`` is the position of ``x[:, 0]`` for 1-D ``lrpe`` (the LM-mixer
+interface); MD-TPE is applied once after the embedding by the model, not here.
+``kv_cache_len`` is not supported.
 """
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -64,6 +66,7 @@ import jax
 import jax.numpy as jnp
 
 from lion_jax import ops
+from lion_jax.layers.md_pe import grid_positions, md_lrpe, md_lrpe_thetas
 from lion_jax.layers.tnl import srms_norm
 
 NORMS = ("layernorm", "rmsnorm", "srmsnorm")
@@ -108,19 +111,17 @@ def softmax_over_sequence(logits: jnp.ndarray, mask: jnp.ndarray | None = None) 
     return e / jnp.where(total > 0, total, 1.0)
 
 
-def one_scan(q: jnp.ndarray, logits: jnp.ndarray, v: jnp.ndarray,
-             mask: jnp.ndarray | None = None, key: jnp.ndarray | None = None) -> jnp.ndarray:
-    """The non-causal LNA core ``q (kbar^T v)``, ``kbar = softmax_seq(logits)`` (times ``key``
-    for ``share_decay=False``): two matmuls, no scan (digest 2.4).
+def one_scan(q: jnp.ndarray, kbar: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
+    """The non-causal LNA core ``q (kbar^T v)`` per head: one reduction over the sequence and
+    two matmuls, no scan (digest 2.4). ``kbar`` is ``softmax_seq(K)``
+    (:func:`softmax_over_sequence`), times the keys for ``share_decay=False``, MD-LRPE-rotated
+    with the queries when the layer has ``lrpe``.
 
     Args:
-      q: ``[B, L, H, K]`` (``phi`` applied); logits, key: ``[B, L, H, K]``; v: ``[B, L, H, V]``;
-      mask: None or ``[B, L]`` bool (True = real token).
+      q: ``[B, L, H, K]`` (``phi`` applied); kbar: ``[B, L, H, K]``; v: ``[B, L, H, V]``.
     Returns:
-      ``[B, L, H, V]`` in the dtype of ``q``, ``logits`` and ``v`` promoted.
+      ``[B, L, H, V]`` in the dtype of ``kbar`` and ``q`` promoted.
     """
-    w = softmax_over_sequence(logits, mask)
-    kbar = w if key is None else key * w
     kv = jnp.einsum("blhk,blhv->bhkv", kbar, v.astype(kbar.dtype))
     return jnp.einsum("blhk,bhkv->blhv", q, kv)
 
@@ -132,7 +133,8 @@ class LightNetAttention(nn.Module):
 
     - ``x [B, L, D]``; ``mask [B, L]`` bool (True = real token), non-causal only;
     - causal only: ``state`` None or ``(S [B, H, K, K], z [B, H, K])`` from a previous call,
-      ``return_state`` returns ``(y, state)``; ``offset`` is accepted and unused.
+      ``return_state`` returns ``(y, state)``; ``offset``: the position of ``x[:, 0]`` (1-D
+      ``lrpe`` only).
 
     Attributes:
       num_heads: ``H``; ``head_dim = D / H`` (None = ``D / num_heads``; if given it must match).
@@ -143,6 +145,11 @@ class LightNetAttention(nn.Module):
       share_decay: True (default): the decay comes from the key logits; False: a separate
         low-rank decay projection of rank ``decay_rank`` (None = ``head_dim``).
       use_bias: biases on every projection (default False).
+      lrpe: MD-LRPE on the queries and the normalised keys (digest 2.7;
+        :func:`lion_jax.layers.md_pe.md_lrpe`, fixed frequencies): the key width doubles to
+        ``2K`` and a causal state is ``S [B, H, 2K, K]``.
+      grid_shape, num_prefix: the tokens' grid for ``lrpe`` (``num_prefix`` unrotated tokens,
+        then the grid row-major); ``()`` = a 1-D sequence at positions ``offset + t``.
       impl, chunk_size: passed to :func:`lion_jax.ops.causal_linear_attention` (causal only).
       dtype, param_dtype: compute and parameter dtypes.
     """
@@ -156,6 +163,9 @@ class LightNetAttention(nn.Module):
     share_decay: bool = True
     decay_rank: int | None = None
     use_bias: bool = False
+    lrpe: bool = False
+    grid_shape: tuple[int, ...] = ()
+    num_prefix: int = 0
     impl: str = "auto"
     chunk_size: int = 64
     dtype: Any = None
@@ -213,8 +223,15 @@ class LightNetAttention(nn.Module):
                                  f"{mask.dtype} {list(mask.shape)}")
         if not self.causal and (state is not None or return_state):
             raise ValueError(f"{name}: state / return_state need causal=True")
+        if self.lrpe and self.grid_shape and math.prod(self.grid_shape) + self.num_prefix != L:
+            raise ValueError(f"{name}: {L} tokens, but num_prefix + prod(grid_shape) = "
+                             f"{self.num_prefix} + {math.prod(self.grid_shape)}")
+        if self.lrpe and K % max(1, len(self.grid_shape)):
+            raise ValueError(f"{name}: head_dim={K} is not divisible into "
+                             f"{len(self.grid_shape)} MD-LRPE axis groups")
         if state is not None:
-            shapes = ((B, self.num_heads, K, K), (B, self.num_heads, K))
+            Ks = 2 * K if self.lrpe else K
+            shapes = ((B, self.num_heads, Ks, K), (B, self.num_heads, K))
             if (not isinstance(state, (tuple, list)) or len(state) != 2
                     or tuple(tuple(getattr(s, "shape", ())) for s in state) != shapes):
                 raise ValueError(f"{name}: state must be (S {list(shapes[0])}, z "
@@ -226,8 +243,11 @@ class LightNetAttention(nn.Module):
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None, *, state=None,
                  offset: Any = 0, return_state: bool = False):
         """``x [B, L, D]`` -> ``y [B, L, D]`` or ``(y, state)``; see the class."""
-        del offset  # no positional encoding in LNA itself
         B, L, D, H, K = self._check(x, mask, state, return_state)
+        if self.lrpe:
+            theta = md_lrpe_thetas(H, K, max(1, len(self.grid_shape)))
+            positions = (grid_positions(self.grid_shape, self.num_prefix) if self.grid_shape
+                         else (offset + jnp.arange(L, dtype=jnp.int32))[:, None])
         names = ("embed", "heads")
         q = self._dense(D, names, "query")(x)
         k = self._dense(D, names, "key")(x)
@@ -251,6 +271,9 @@ class LightNetAttention(nn.Module):
             S0, z0 = (None, None) if state is None else state
             w, log_decay, z_last = additive_decay(logits, z0)
             kbar = w if key is None else key * w
+            if self.lrpe:  # [x cos, x sin] halves: each feature's decay on both (digest 2.7)
+                q, kbar = (md_lrpe(x_, theta, positions) for x_ in (q, kbar))
+                log_decay = jnp.concatenate([log_decay, log_decay], axis=-1)
             out = ops.causal_linear_attention(
                 q.astype(compute_dtype), kbar.astype(compute_dtype), v, log_decay,
                 normalize=False, impl=self.impl, chunk_size=self.chunk_size,
@@ -260,7 +283,11 @@ class LightNetAttention(nn.Module):
                 new_state = (S, z_last)
             y = y.astype(f32)
         else:
-            y = one_scan(q, logits, v.astype(f32), mask, key)
+            w = softmax_over_sequence(logits, mask)
+            kbar = w if key is None else key * w
+            if self.lrpe:
+                q, kbar = (md_lrpe(x_, theta, positions) for x_ in (q, kbar))
+            y = one_scan(q, kbar, v.astype(f32))
 
         y = self._norm(y.reshape(B, L, D).astype(f32))
         g = self._dense(self.gate_rank or K, ("embed", None), "gate_down")(x)
