@@ -353,3 +353,19 @@ def test_configs_are_the_papers():
     assert "tnl_385m" not in lm_configs.variants("llama")
     with pytest.raises(ValueError, match="unknown config variant 'tnl_1b'"):
         lm_configs.make_config("llama", "tnl_1b")
+
+
+def test_lightnet_paper_models_have_table_10_sizes():
+    """Total parameters of the LightNet paper's LLMs (Table 10: 0.15, 0.385, 1.0, 2.9B; heads
+    and GLU width are our reading, configs/lm/common.py): within 3%."""
+    from lion_jax.models.lm import CausalLM
+
+    printed = {"lightnet_150m": 0.15e9, "lightnet_385m": 0.385e9, "lightnet_1b": 1.0e9,
+               "lightnet_3b": 2.9e9}
+    for variant, want in printed.items():
+        m = lm_configs.make_config("lightnet", variant).model
+        net = CausalLM(arch="lightnet", vocab_size=m.vocab_size, d_model=m.d_model,
+                       num_layers=m.num_layers, num_heads=m.num_heads, mlp_dim=m.mlp_dim)
+        shapes = jax.eval_shape(net.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+        got = sum(np.prod(x.shape) for x in jax.tree.leaves(shapes))
+        assert abs(got / want - 1) < 0.03, (variant, got)

@@ -56,7 +56,7 @@ import ml_collections
 from configs import common
 
 ARCH_LABELS = {"llama": "LLaMA", "tnl": "TNL", "hgrn2": "HGRN2", "cosformer2": "cosFormer2",
-               "lion_s": "LION-S"}
+               "lion_s": "LION-S", "lightnet": "LightNet"}
 SIZES = ("70m", "160m", "410m", "1b", "3b", "7b")  # lion_jax.models.lm.SIZES (no jax import)
 FSDP_SIZES = ("3b", "7b")
 
@@ -81,6 +81,17 @@ TNL_CONTEXT = 2048
 TNL_BATCH_ROWS = 128
 TNL_STEPS = 100_000
 
+# The LightNet paper's LLMs (LightNet digest 4.2, Table 10): (layers, width, heads, GLU width),
+# rows per step (batch per GPU x GPUs). Heads are not printed: ours are width / 128; the GLU
+# width is 8/3 of the width (the digest's reading of the parameter counts).
+LIGHTNET_MODELS = {"lightnet_150m": (15, 768, 6, 2048, 26 * 8),
+                   "lightnet_385m": (26, 1024, 8, 2730, 15 * 8),
+                   "lightnet_1b": (18, 2048, 16, 5461, 10 * 16),
+                   "lightnet_3b": (36, 2560, 20, 6826, 36 * 48)}
+LIGHTNET_CONTEXT = 2048
+LIGHTNET_TOKENS = 100e9  # 100B Pile tokens
+LIGHTNET_VOCAB = 50_265  # the paper's BPE (Table 9, ALM)
+
 
 def variants(arch):
     """``{variant: description}`` of ``configs/lm/<arch>.py``."""
@@ -95,6 +106,11 @@ def variants(arch):
                            "vocabulary 64,000, linear output gate; rows of 2048, 100K updates")
         out["tnl_1b"] = ("the TNL paper's TNL-1B: 2048 x 16 layers, 16 heads, GLU 5632, "
                          "vocabulary 64,000, linear output gate; rows of 2048, 100K updates")
+    if arch == "lightnet":
+        for name, (layers, width, heads, glu, rows) in LIGHTNET_MODELS.items():
+            out[name] = (f"the LightNet paper's {name[9:].upper()} LLM (Table 10): {width} x "
+                         f"{layers} layers, {heads} heads, GLU {glu}, vocabulary "
+                         f"{LIGHTNET_VOCAB:,}; rows of 2048, {rows} a step, 100B tokens")
     out["small"] = (f"GPU comparison run: {name} of about 100M parameters (160M dims, the "
                     "corpus's 8192-entry vocabulary), rows of 1024, 1500 steps of 32 rows")
     out["tiny"] = "seconds-long run for tests: 2 layers of width 32, rows of 32, 4 steps"
@@ -153,6 +169,8 @@ def make_config(arch, arg=None):
             c.mesh.update(data=1, fsdp=-1)
     elif variant in TNL_MODELS:
         tnl_paper(c, variant)
+    elif variant in LIGHTNET_MODELS:
+        lightnet_paper(c, variant)
     elif variant == "small":
         small(c)
     elif variant == "tiny":
@@ -173,6 +191,25 @@ def tnl_paper(c, variant):
     c.num_train_steps = TNL_STEPS
     c.optim.update(schedule="cosine", end_lr_factor=0.1)
     c.label = "TNL-385M (TNL paper)" if variant == "tnl_385m" else "TNL-1B (TNL paper)"
+    return c
+
+
+def lightnet_paper(c, variant):
+    """The LightNet paper's Table 10 LLM ``variant`` applied to ``c`` (in place): its dims,
+    rows of 2048, its batch and 100B tokens, peak learning rate 3e-4; optimiser and schedule
+    are not printed: the scaling-laws recipe's AdamW with cosine decay to 10% after 2000
+    warmup steps (as for the TNL paper's models)."""
+    layers, width, heads, glu, rows = LIGHTNET_MODELS[variant]
+    c.model.update(size="", num_layers=layers, d_model=width, num_heads=heads, mlp_dim=glu,
+                   vocab_size=LIGHTNET_VOCAB)
+    c.data.update(max_len=LIGHTNET_CONTEXT, vocab_size=LIGHTNET_VOCAB)
+    c.batch_size = rows
+    c.grad_accum_steps = next(n for n in range(1, rows + 1) if rows % n == 0 and rows // n <= 16)
+    c.num_train_steps = round(LIGHTNET_TOKENS / (rows * LIGHTNET_CONTEXT))
+    c.optim.update(learning_rate=3e-4, schedule="cosine", end_lr_factor=0.1)
+    c.label = f"LightNet-{variant[9:].upper()} (LightNet paper)"
+    if variant == "lightnet_3b":
+        c.mesh.update(data=1, fsdp=-1)
     return c
 
 

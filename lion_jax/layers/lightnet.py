@@ -55,7 +55,8 @@ Decoding (causal): ``state`` is ``(S [B, H, K, K], z [B, H, K])`` float32, the o
 the running log-normaliser; a prefill with ``return_state=True`` and single-token calls give
 the full forward. ``offset`` is the position of ``x[:, 0]`` for 1-D ``lrpe`` (the LM-mixer
 interface); MD-TPE is applied once after the embedding by the model, not here.
-``kv_cache_len`` is not supported.
+With ``kv_cache_len`` the state is ``(KVCache, z)`` instead (the same outputs by attention
+to every token seen: :mod:`lion_jax.ops.kv_cache`).
 """
 
 import math
@@ -148,6 +149,9 @@ class LightNetAttention(nn.Module):
       lrpe: MD-LRPE on the queries and the normalised keys (digest 2.7;
         :func:`lion_jax.layers.md_pe.md_lrpe`, fixed frequencies): the key width doubles to
         ``2K`` and a causal state is ``S [B, H, 2K, K]``.
+      kv_cache_len: > 0 (causal): a prefill with ``return_state`` starts from an empty
+        :class:`lion_jax.ops.KVCache` of this capacity instead of the recurrent ``S``, so
+        decoding attends to every token seen (the state is ``(cache, z)``).
       grid_shape, num_prefix: the tokens' grid for ``lrpe`` (``num_prefix`` unrotated tokens,
         then the grid row-major); ``()`` = a 1-D sequence at positions ``offset + t``.
       impl, chunk_size: passed to :func:`lion_jax.ops.causal_linear_attention` (causal only).
@@ -164,6 +168,7 @@ class LightNetAttention(nn.Module):
     decay_rank: int | None = None
     use_bias: bool = False
     lrpe: bool = False
+    kv_cache_len: int = 0
     grid_shape: tuple[int, ...] = ()
     num_prefix: int = 0
     impl: str = "auto"
@@ -229,7 +234,7 @@ class LightNetAttention(nn.Module):
         if self.lrpe and K % max(1, len(self.grid_shape)):
             raise ValueError(f"{name}: head_dim={K} is not divisible into "
                              f"{len(self.grid_shape)} MD-LRPE axis groups")
-        if state is not None:
+        if state is not None and not isinstance(state[0], ops.KVCache):
             Ks = 2 * K if self.lrpe else K
             shapes = ((B, self.num_heads, Ks, K), (B, self.num_heads, K))
             if (not isinstance(state, (tuple, list)) or len(state) != 2
@@ -269,6 +274,9 @@ class LightNetAttention(nn.Module):
         new_state = None
         if self.causal:
             S0, z0 = (None, None) if state is None else state
+            if S0 is None and self.kv_cache_len and return_state:
+                S0 = ops.empty_kv_cache(B, self.kv_cache_len, H, 2 * K if self.lrpe else K, K,
+                                        decay="per_key", dtype=compute_dtype)
             w, log_decay, z_last = additive_decay(logits, z0)
             kbar = w if key is None else key * w
             if self.lrpe:  # [x cos, x sin] halves: each feature's decay on both (digest 2.7)

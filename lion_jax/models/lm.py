@@ -23,6 +23,10 @@ Architectures (``arch``), token mixer / channel mixer / block norm:
   SRMSNorm.
 * ``"lion_s"``: :class:`~lion_jax.layers.lion.LionAttention` with ``variant="s"``,
   ``causal=True`` / SwiGLU / RMSNorm.
+* ``"lightnet"``: :class:`~lion_jax.layers.lightnet.LightNetAttention` with ``causal=True``
+  (the additive recurrence) and 1-D LRPE, its output norm RMSNorm, with the TPE
+  (:class:`~lion_jax.layers.cosformer2.Tpe`, MD-TPE in 1-D) applied once after the embedding
+  / SwiGLU / RMSNorm (LightNet digest 4.1; the Table 10 models are configs).
 
 ``mixer`` holds extra keyword arguments of the token mixer (the ablation switches, ``impl``,
 ``chunk_size``) over :data:`DEFAULT_MIXER` (TNL: the scaling-laws paper's low-rank sigmoid
@@ -33,8 +37,8 @@ reconciled Table 7 configurations, vocabulary 100,280) and :func:`lm_size`.
 
 Decoding (:mod:`lion_jax.generate`): ``model(tokens, state=None, offset=0,
 return_state=False)``; ``state`` is ``{"layers": [one mixer state per block], "tpe": ...}``
-(the TPE's only for cosFormer2), as a previous call with ``return_state=True`` returned it, and
-``offset`` the position of ``tokens[:, 0]``. A prefill and continuation calls give the logits
+(the TPE's only for cosFormer2 and LightNet), as a previous call with ``return_state=True``
+returned it, and ``offset`` the position of ``tokens[:, 0]``. A prefill and continuation calls give the logits
 of the full forward. A mixer's state is LLaMA's KV cache, or a linear mixer's recurrent state
 ``S``, or with ``kv_cache=True`` a linear mixer's KV cache (:class:`lion_jax.ops.KVCache`, of
 capacity ``max_len``: the same outputs by attention to every token seen).
@@ -50,12 +54,13 @@ import optax
 from lion_jax.layers.cosformer2 import CosFormer2Attention, Tpe
 from lion_jax.layers.glu import Sglu, SwiGlu
 from lion_jax.layers.hgrn2 import Hgrn2Attention, Hgrn2LowerBounds
+from lion_jax.layers.lightnet import LightNetAttention
 from lion_jax.layers.lion import LionAttention
 from lion_jax.layers.llama import LlamaAttention
 from lion_jax.layers.norms import make_norm
 from lion_jax.layers.tnl import SRMSNorm, TnlAttention
 
-ARCHS = ("llama", "tnl", "hgrn2", "cosformer2", "lion_s")
+ARCHS = ("llama", "tnl", "hgrn2", "cosformer2", "lion_s", "lightnet")
 NORMS = ("rmsnorm", "srmsnorm", "layernorm")
 # Norms that reproduce Table 7's non-embedding counts (digest 2.3): the linear models count no
 # norm parameters (TNL's parameter-free SRMSNorm in the blocks and after the mixers), LLaMA
@@ -63,13 +68,13 @@ NORMS = ("rmsnorm", "srmsnorm", "layernorm")
 # digest's [EXT] reading (RMSNorm for LLaMA, RMSNorm after HGRN2's mixer) is one flag away:
 # ``norm="rmsnorm"``, ``mixer={"output_norm": "rmsnorm"}``.
 DEFAULT_NORM = {"llama": "layernorm", "tnl": "srmsnorm", "hgrn2": "srmsnorm",
-                "cosformer2": "srmsnorm", "lion_s": "rmsnorm"}
+                "cosformer2": "srmsnorm", "lion_s": "rmsnorm", "lightnet": "rmsnorm"}
 # The scaling-laws paper's TNL gates with sigmoid(x W_down W_up) of rank d/h (digest 1.2, 2.2);
 # the TNL paper's own models with a full linear U (TnlAttention's default, gate="linear").
 DEFAULT_MIXER = {"tnl": {"gate": "lowrank_sigmoid"}, "hgrn2": {"output_norm": "srmsnorm"},
-                 "cosformer2": {"output_norm": "srmsnorm"}}
+                 "cosformer2": {"output_norm": "srmsnorm"}, "lightnet": {"norm": "rmsnorm"}}
 CHANNEL_MIXER = {"llama": SwiGlu, "tnl": Sglu, "hgrn2": Sglu, "cosformer2": Sglu,
-                 "lion_s": SwiGlu}
+                 "lion_s": SwiGlu, "lightnet": SwiGlu}
 VOCAB_SIZE = 100_280  # the scaling-laws paper's tokenizer
 
 # The scaling-laws paper's models (digest 1.6, the reconciled configuration that reproduces
@@ -112,7 +117,8 @@ class LmBlock(nn.Module):
         kwargs = dict(self.mixer, dtype=self.dtype, param_dtype=self.param_dtype,
                       name="mixer")
         mixer = {"llama": LlamaAttention, "tnl": TnlAttention, "hgrn2": Hgrn2Attention,
-                 "cosformer2": CosFormer2Attention, "lion_s": LionAttention}[self.arch](**kwargs)
+                 "cosformer2": CosFormer2Attention, "lion_s": LionAttention,
+                 "lightnet": LightNetAttention}[self.arch](**kwargs)
         extra = {} if lower_bounds is None else {"lower_bounds": lower_bounds}
         h = _norm(self.norm, self.dtype, self.param_dtype, "mixer_norm")(x)
         out = mixer(h, state=state, offset=offset, return_state=return_state, **extra)
@@ -179,6 +185,8 @@ class CausalLM(nn.Module):
             kwargs["max_len"] = self.max_len
         elif self.arch == "lion_s":
             kwargs.update(variant="s", causal=True)
+        elif self.arch == "lightnet":
+            kwargs.update(causal=True, lrpe=True)
         else:
             kwargs.update(layer_index=index, num_layers=self.num_layers)
             if self.arch == "tnl":
@@ -200,7 +208,7 @@ class CausalLM(nn.Module):
                          name="embed")
         x = embed(tokens).astype(self.dtype or jnp.float32)
         new_state = {"layers": []}
-        if self.arch == "cosformer2":
+        if self.arch in ("cosformer2", "lightnet"):
             tpe = Tpe(state_dim=self.d_model // self.num_heads, dtype=self.dtype,
                       param_dtype=self.param_dtype, name="tpe")  # e = d/h (digest 1.0)
             out = tpe(x, state=None if state is None else state["tpe"], offset=offset,
