@@ -5,12 +5,15 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax.numpy as jnp
 
+from lion_jax.layers.glu import SwiGlu
+from lion_jax.layers.lightnet import LightNetAttention
 from lion_jax.layers.lion import LionAttention
 from lion_jax.layers.mlp import Mlp
 from lion_jax.layers.norms import check_norm, make_norm
 from lion_jax.layers.softmax import SoftmaxAttention
 
-MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention}
+MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention, "lightnet": LightNetAttention}
+CHANNEL_MIXERS = ("mlp", "swiglu")  # GELU MLP (ViT, BERT); SwiGLU (LightNet's GLU)
 # set by the model that holds the mixer, never in its ``mixer`` keyword arguments
 RESERVED_MIXER_KEYS = ("num_heads", "head_dim", "dtype", "param_dtype")
 
@@ -59,12 +62,16 @@ class ResidualBlock(nn.Module):
         x = x + DropPath(Dropout(Mixer(Norm(x), mask)))
         x = x + DropPath(Dropout(Mlp(Norm(x))))
 
+    (``Mlp`` is the GELU MLP, or with ``channel_mixer="swiglu"`` a SwiGLU of the same hidden
+    width, LightNet's GLU layer.)
+
     Attributes:
       mixer: keyword arguments of the mixer (``num_heads``, ``head_dim``, ``variant``,
         ``impl``, ...), except ``dtype`` and ``param_dtype`` (taken from here).
       mlp_dim: hidden width of the MLP.
       mixer_kind: a key of :data:`MIXERS` (``"lion"``: :class:`LionAttention`,
-        ``"softmax"``: :class:`SoftmaxAttention`).
+        ``"softmax"``: :class:`SoftmaxAttention`, ``"lightnet"``: :class:`LightNetAttention`).
+      channel_mixer: ``"mlp"`` or ``"swiglu"`` (:data:`CHANNEL_MIXERS`).
       dropout: rate of the residual-branch dropouts and the MLP's inner dropout.
       drop_path: stochastic depth: the rate at which a residual branch is dropped for a whole
         example in training (the kept ones scaled by ``1 / (1 - rate)``).
@@ -75,6 +82,7 @@ class ResidualBlock(nn.Module):
     mixer: Mapping[str, Any]
     mlp_dim: int
     mixer_kind: str = "lion"
+    channel_mixer: str = "mlp"
     dropout: float = 0.0
     drop_path: float = 0.0
     norm: str = "layernorm"
@@ -83,6 +91,9 @@ class ResidualBlock(nn.Module):
 
     def __post_init__(self):
         check_norm(self.norm)
+        if self.channel_mixer not in CHANNEL_MIXERS:
+            raise ValueError(f"unknown channel_mixer {self.channel_mixer!r}; valid: "
+                             f"{list(CHANNEL_MIXERS)}")
         if self.mixer_kind not in MIXERS:
             raise ValueError(f"unknown mixer kind {self.mixer_kind!r}; valid: {list(MIXERS)}")
         super().__post_init__()
@@ -110,6 +121,9 @@ class ResidualBlock(nn.Module):
             h = mixer(h, mask)
         x = x + branch(h)
         h = make_norm(self.norm, **dtypes, name="mlp_norm")(x)
-        h = Mlp(self.mlp_dim, dropout=self.dropout, **dtypes, name="mlp")(
-            h, deterministic=deterministic)
+        if self.channel_mixer == "swiglu":
+            h = SwiGlu(self.mlp_dim, init_std=None, **dtypes, name="mlp")(h)
+        else:
+            h = Mlp(self.mlp_dim, dropout=self.dropout, **dtypes, name="mlp")(
+                h, deterministic=deterministic)
         return x + branch(h)

@@ -30,6 +30,7 @@ import numpy as np
 from flax.core import FrozenDict
 
 from lion_jax.layers.block import ResidualBlock, model_mixer_kwargs
+from lion_jax.layers.md_pe import MdTpe
 from lion_jax.layers.norms import check_norm, make_norm
 
 # ViT/DeiT sizes (Dosovitskiy et al.; Touvron et al.): width, depth, heads; MLP 4x width.
@@ -40,7 +41,7 @@ VIT_SIZES = {
 }
 PATCH_ORDERS = ("raster", "row_snake", "col_snake")
 POOLINGS = ("cls", "mean")
-POS_EMBS = ("none", "learned")
+POS_EMBS = ("none", "learned", "md_tpe")
 
 
 def vit_size(name: str) -> dict:
@@ -85,12 +86,17 @@ class VisionTransformer(nn.Module):
       d_model, num_layers, num_heads, mlp_dim: width, depth, heads, MLP width
         (:data:`VIT_SIZES`).
       head_dim: query/key width per head; None = ``d_model // num_heads``.
-      mixer_kind: ``"lion"`` or ``"softmax"`` (:data:`lion_jax.layers.MIXERS`).
+      mixer_kind: ``"lion"``, ``"softmax"`` or ``"lightnet"`` (:data:`lion_jax.layers.MIXERS`);
+        a LightNet mixer with ``lrpe`` gets the patch grid (CLS token unrotated) per call.
+      channel_mixer: ``"mlp"`` (GELU, ViT) or ``"swiglu"`` (LightNet's GLU), hidden
+        ``mlp_dim``.
       mixer: the mixer's keyword arguments except ``num_heads``, ``head_dim``, ``dtype`` and
         ``param_dtype``; checked when the model is built.
       orders: patch orders mixed (names of :data:`PATCH_ORDERS`); several (LION only): the
         masks of each are averaged (LION-S v2 uses ``("row_snake", "col_snake")``).
-      pos_emb: ``"none"`` (LION-S) or ``"learned"`` (ViT; needs ``image_size``).
+      pos_emb: ``"none"`` (LION-S), ``"learned"`` (ViT; needs ``image_size``) or
+        ``"md_tpe"`` (LightNet: :class:`~lion_jax.layers.md_pe.MdTpe` over the patch grid,
+        once after the embedding, any resolution; ``coef_init="unit"`` keeps the scale).
       image_size: the training resolution, for the learned positions' grid.
       pooling: ``"cls"`` or ``"mean"`` (over the patch tokens).
       dropout: dropout after the embedding and in the residual branches.
@@ -108,6 +114,7 @@ class VisionTransformer(nn.Module):
     mlp_dim: int
     head_dim: int | None = None
     mixer_kind: str = "lion"
+    channel_mixer: str = "mlp"
     mixer: Mapping[str, Any] = FrozenDict()
     orders: tuple[str, ...] = ("raster",)
     pos_emb: str = "none"
@@ -184,17 +191,22 @@ class VisionTransformer(nn.Module):
         x = x.reshape(B, rows * cols, D)
         if self.pos_emb == "learned":
             x = x + self._positions(rows, cols).astype(x.dtype)
+        elif self.pos_emb == "md_tpe":
+            x = MdTpe(grid_shape=(rows, cols), coef_init="unit", **dtypes, name="md_tpe")(x)
         cls = self.param("cls", nn.with_logical_partitioning(
             nn.initializers.normal(0.02), (None, None, "embed")), (1, 1, D), self.param_dtype)
         x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (B, 1, D)), x], axis=1)
 
         deterministic = not train
         orders = token_orders(rows, cols, self.orders)
+        mixer = self._mixer_kwargs()
+        if self.mixer_kind == "lightnet" and mixer.get("lrpe"):
+            mixer.update(grid_shape=(rows, cols), num_prefix=1)
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
         for i in range(self.num_layers):
             rate = self.drop_path * i / max(self.num_layers - 1, 1)
-            x = ResidualBlock(self._mixer_kwargs(), self.mlp_dim, mixer_kind=self.mixer_kind,
-                              dropout=self.dropout, drop_path=rate, norm=self.norm, **dtypes,
+            x = ResidualBlock(mixer, self.mlp_dim, mixer_kind=self.mixer_kind,
+                              channel_mixer=self.channel_mixer, dropout=self.dropout, drop_path=rate, norm=self.norm, **dtypes,
                               name=f"block_{i}")(x, deterministic=deterministic, orders=orders)
         x = make_norm(self.norm, **dtypes, name="final_norm")(x).astype(jnp.float32)
         pooled = x[:, 0] if self.pooling == "cls" else jnp.mean(x[:, 1:], axis=1)
