@@ -1,5 +1,7 @@
-"""The LightNet image classifier: the ViT skeleton with LightNet layers (configs/lightnet/
-imagenet.py): Table 12's parameter counts, any resolution, the channel mixer switch."""
+"""The LightNet models on the library's skeletons: the image classifier (the ViT with LightNet
+layers, configs/lightnet/imagenet.py: Table 12's parameter counts, any resolution, the channel
+mixer switch) and the bidirectional encoder (BERT with the LightNet mixer: padding). The causal
+LM is tests/test_lm.py's ``arch="lightnet"``."""
 
 import importlib.util
 import os
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 from lion_jax.layers.block import ResidualBlock
+from lion_jax.models.bert import BertEncoder
 from lion_jax.models.vit import VisionTransformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,3 +69,15 @@ def test_channel_mixer_must_be_known():
     with pytest.raises(ValueError, match="unknown channel_mixer 'geglu'"):
         ResidualBlock({"num_heads": 2, "head_dim": 4}, 8, mixer_kind="lightnet",
                       channel_mixer="geglu")
+
+
+def test_bert_encoder_with_the_lightnet_mixer_ignores_padding(rng):
+    net = BertEncoder(vocab_size=50, d_model=16, num_layers=2, num_heads=2, mlp_dim=32,
+                      mixer_kind="lightnet", mixer={"lrpe": True}, pos_emb="none",
+                      post_norm=False)
+    tokens = jnp.asarray(rng.integers(1, 50, size=(2, 11)), jnp.int32).at[1, 7:].set(0)
+    params = net.init(jax.random.PRNGKey(int(rng.integers(2**31))), tokens, train=False)
+    out = net.apply(params, tokens, train=False)
+    assert out.shape == (2, 11, 16) and np.isfinite(np.asarray(out)).all()
+    shorter = net.apply(params, tokens[1:, :7], train=False)  # the same row without padding
+    np.testing.assert_allclose(out[1, :7], shorter[0], rtol=1e-5, atol=1e-5)
