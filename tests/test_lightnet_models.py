@@ -72,8 +72,10 @@ def test_channel_mixer_must_be_known():
 
 
 def test_bert_encoder_with_the_lightnet_mixer_ignores_padding(rng):
+    """configs/lightnet/mlm.py's encoder (TPE after the embeddings, 1-D LRPE): a padded row's
+    real tokens equal the same row run without its padding."""
     net = BertEncoder(vocab_size=50, d_model=16, num_layers=2, num_heads=2, mlp_dim=32,
-                      mixer_kind="lightnet", mixer={"lrpe": True}, pos_emb="none",
+                      mixer_kind="lightnet", mixer={"lrpe": True}, pos_emb="tpe",
                       post_norm=False)
     tokens = jnp.asarray(rng.integers(1, 50, size=(2, 11)), jnp.int32).at[1, 7:].set(0)
     params = net.init(jax.random.PRNGKey(int(rng.integers(2**31))), tokens, train=False)
@@ -81,3 +83,4 @@ def test_bert_encoder_with_the_lightnet_mixer_ignores_padding(rng):
     assert out.shape == (2, 11, 16) and np.isfinite(np.asarray(out)).all()
     shorter = net.apply(params, tokens[1:, :7], train=False)  # the same row without padding
     np.testing.assert_allclose(out[1, :7], shorter[0], rtol=1e-5, atol=1e-5)
+    assert "tpe" in params["params"]

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 
 from lion_jax.layers.block import MIXERS, make_mixer, model_mixer_kwargs
+from lion_jax.layers.cosformer2 import Tpe
 from lion_jax.layers.mlp import Mlp
 from lion_jax.layers.norms import check_norm, make_norm
 
@@ -52,7 +53,7 @@ BERT_SIZES = {
     "base": dict(d_model=768, num_layers=12, num_heads=12, mlp_dim=3072),
     "large": dict(d_model=1024, num_layers=24, num_heads=16, mlp_dim=4096),
 }
-POS_EMBS = ("learned", "none")
+POS_EMBS = ("learned", "none", "tpe")
 EMBED_INIT_STD = 0.02  # BERT's initializer_range
 
 
@@ -149,8 +150,11 @@ class BertEncoder(nn.Module):
       norm_after_mixer: LION-LIT's LayerNorm on each mixer's output (module docstring); None =
         on for a LION mixer of variant ``"lit"``, off otherwise.
       post_norm: BERT's post-norm layout (True) or pre-norm (False; adds a final norm).
-      pos_emb: ``"learned"`` absolute positions (BERT; needs ``max_len``) or ``"none"``
-        (LION-S, paper Sec. 4; then any length runs).
+      pos_emb: ``"learned"`` absolute positions (BERT; needs ``max_len``), ``"none"``
+        (LION-S, paper Sec. 4; then any length runs) or ``"tpe"`` (LightNet's encoder: the
+        1-D TPE, MD-TPE in one dimension, once after the embeddings, state width the head
+        width; any length; causal along the sequence, so right padding changes no real
+        token).
       max_len: longest input for learned positions (BERT: 512).
       type_vocab_size: number of token types (segments A/B of a sentence pair; BERT: 2);
         0 = no token-type embedding.
@@ -223,6 +227,8 @@ class BertEncoder(nn.Module):
         if self.type_vocab_size:
             self.type_embed = nn.Embed(self.type_vocab_size, D, embedding_init=_embed_init(
                 (None, "embed")), **dtypes)
+        if self.pos_emb == "tpe":
+            self.tpe = Tpe(state_dim=self.head_dim or D // self.num_heads, **dtypes)
         self.embed_norm = make_norm(self.norm, **dtypes)
         self.embed_dropout = nn.Dropout(self.dropout)
         mixer, norm_after_mixer = self._mixer_kwargs(), self.uses_norm_after_mixer
@@ -256,6 +262,8 @@ class BertEncoder(nn.Module):
         if self.type_vocab_size:
             types = jnp.zeros_like(tokens) if token_types is None else token_types
             x = x + self.type_embed(types).astype(x.dtype)
+        if self.pos_emb == "tpe":
+            x = self.tpe(x)
         deterministic = not train
         x = self.embed_dropout(self.embed_norm(x), deterministic=deterministic)
         for block in self.blocks:
