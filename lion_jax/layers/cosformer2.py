@@ -169,6 +169,20 @@ def toeplitz_ssm(x: jnp.ndarray, log_lam: jnp.ndarray, coef: jnp.ndarray,
     return y.reshape(B, N * C, D)[:, :L], final
 
 
+def check_tpe_settings(tpe) -> None:
+    """One-line ValueErrors for a TPE's ``decay_shape``, ``state_dim``, ``chunk_size`` and
+    ``decay_init_exponents`` (:class:`Tpe`, :class:`lion_jax.layers.md_pe.MdTpe`)."""
+    if tpe.decay_shape not in TPE_DECAY_SHAPES:
+        raise ValueError(f"unknown decay_shape {tpe.decay_shape!r}; valid: "
+                         f"{list(TPE_DECAY_SHAPES)}")
+    for name in ("state_dim", "chunk_size"):
+        if getattr(tpe, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(tpe, name)}")
+    if min(tpe.decay_init_exponents) <= 0:
+        raise ValueError(f"decay_init_exponents must be positive, got "
+                         f"{tpe.decay_init_exponents}")
+
+
 class Tpe(nn.Module):
     """cosFormer2's TPE ``[B, L, D] -> [B, L, D]``, applied once after the token embedding.
 
@@ -199,15 +213,7 @@ class Tpe(nn.Module):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self):
-        if self.decay_shape not in TPE_DECAY_SHAPES:
-            raise ValueError(f"unknown decay_shape {self.decay_shape!r}; valid: "
-                             f"{list(TPE_DECAY_SHAPES)}")
-        for name in ("state_dim", "chunk_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if min(self.decay_init_exponents) <= 0:
-            raise ValueError(f"decay_init_exponents must be positive, got "
-                             f"{self.decay_init_exponents}")
+        check_tpe_settings(self)
         super().__post_init__()
 
     @nn.compact

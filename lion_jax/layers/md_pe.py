@@ -79,7 +79,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lion_jax.layers.cosformer2 import TPE_DECAY_SHAPES, lrpe_thetas, toeplitz_ssm
+from lion_jax.layers.cosformer2 import check_tpe_settings, lrpe_thetas, toeplitz_ssm
 from lion_jax.layers.lion import decay_logits
 from lion_jax.layers.tnl import lrpe
 
@@ -253,15 +253,9 @@ class MdTpe(nn.Module):
 
     def __post_init__(self):
         _check_grid(self.grid_shape, self.num_prefix)
-        for name, valid in (("decay_shape", TPE_DECAY_SHAPES), ("coef_init", COEF_INITS)):
-            if getattr(self, name) not in valid:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {list(valid)}")
-        for name in ("state_dim", "chunk_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if min(self.decay_init_exponents) <= 0:
-            raise ValueError(f"decay_init_exponents must be positive, got "
-                             f"{self.decay_init_exponents}")
+        check_tpe_settings(self)
+        if self.coef_init not in COEF_INITS:
+            raise ValueError(f"unknown coef_init {self.coef_init!r}; valid: {list(COEF_INITS)}")
         super().__post_init__()
 
     @nn.compact
