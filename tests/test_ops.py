@@ -153,6 +153,13 @@ def test_observation_3_1_naive_sum_is_not_attention(rng):
         assert rel_err(lion, attention) <= 1e-10
 
 
+# The ops under jax.jit (options static): called eagerly, every op of the chunked and recurrent
+# forms compiled on its own.
+_STATIC = ("normalize", "impl", "chunk_size", "return_final_state")
+_causal_jit = jax.jit(ops.causal_linear_attention, static_argnames=_STATIC)
+_lion_jit = jax.jit(ops.lion_attention, static_argnames=_STATIC[:3])
+
+
 @pytest.mark.parametrize("impl", ["recurrent", "chunk"])
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("decay", ["moderate", "feature_moderate", "none"])
@@ -164,11 +171,11 @@ def test_causal_initial_and_final_state(rng, impl, decay, normalize):
         L = q.shape[1]
         cut = int(rng.integers(1, L - 1))
         kwargs = dict(normalize=normalize, chunk_size=16, return_final_state=True)
-        full, full_state = ops.causal_linear_attention(q, k, v, a, impl="attention", **kwargs)
+        full, full_state = _causal_jit(q, k, v, a, impl="attention", **kwargs)
         part = lambda x, s: None if x is None else x[:, s]  # noqa: E731
-        first, state = ops.causal_linear_attention(
+        first, state = _causal_jit(
             *(part(x, slice(0, cut)) for x in (q, k, v, a)), impl=impl, **kwargs)
-        second, final_state = ops.causal_linear_attention(
+        second, final_state = _causal_jit(
             *(part(x, slice(cut, None)) for x in (q, k, v, a)), impl=impl, initial_state=state,
             **kwargs)
         assert rel_err(jnp.concatenate([first, second], axis=1), full) <= 1e-10
@@ -179,8 +186,9 @@ def test_causal_initial_and_final_state(rng, impl, decay, normalize):
                                                impl=impl, initial_state=s0, **kwargs)
             return jnp.sum(y * cot[:, cut:]) + sum(jnp.sum(x) for x in jax.tree.leaves(s))
 
-        ref_grad = jax.grad(loss)(state, "attention")
-        chex.assert_trees_all_close(jax.grad(loss)(state, impl), ref_grad, rtol=1e-9, atol=1e-12)
+        grad = jax.jit(jax.grad(loss), static_argnums=1)
+        ref_grad = grad(state, "attention")
+        chex.assert_trees_all_close(grad(state, impl), ref_grad, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("normalize", [True, False])
@@ -191,7 +199,7 @@ def test_step_decoding_matches_sequence(rng, decay, normalize):
     with jax.enable_x64(True):
         q, k, v, a, _ = make_inputs(rng, decay=decay, normalize=normalize, dtype=np.float64)
         L = q.shape[1]
-        full = ops.causal_linear_attention(q, k, v, a, normalize=normalize, impl="attention")
+        full = _causal_jit(q, k, v, a, normalize=normalize, impl="attention")
         at = lambda x, t: None if x is None else x[:, t]  # noqa: E731
         step = jax.jit(lambda q, k, v, s, a: ops.causal_linear_attention_step(
             q, k, v, s, a, normalize=normalize))
@@ -203,7 +211,7 @@ def test_step_decoding_matches_sequence(rng, decay, normalize):
         assert rel_err(jnp.stack(ys, axis=1), full) <= 1e-10
 
         prefill = int(rng.integers(2, L - 3)) | 1  # odd: never a multiple of the chunk
-        y_pre, state = ops.causal_linear_attention(
+        y_pre, state = _causal_jit(
             *(None if x is None else x[:, :prefill] for x in (q, k, v, a)), normalize=normalize,
             impl="chunk", chunk_size=8, return_final_state=True)
         ys = [y_pre]
@@ -327,8 +335,7 @@ def test_edge_lengths(rng):
             q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float64,
                                         L=L)
             a_value = jnp.asarray(-rng.uniform(0.0, 1.0, size=v.shape))
-            for fn, a_ in ((ops.lion_attention, a), (ops.lion_attention, a_value),
-                           (ops.causal_linear_attention, a)):
+            for fn, a_ in ((_lion_jit, a), (_lion_jit, a_value), (_causal_jit, a)):
                 ref = fn(q, k, v, a_, impl="attention")
                 for impl in ("recurrent", "chunk"):
                     assert rel_err(fn(q, k, v, a_, impl=impl, chunk_size=chunk), ref) <= 1e-10
@@ -414,16 +421,16 @@ def test_pallas_impl_routes_to_the_kernels(rng, normalize):
     normalisation, initial/final states (also (S, z) pairs) and per-feature causal decay."""
     q, k, v, a, _ = make_inputs(rng, decay="moderate", normalize=True, dtype=np.float32, L=37,
                                 K=16, V=24)
-    lion = lambda impl: ops.lion_attention(q, k, v, a, normalize=normalize, impl=impl,  # noqa
-                                           chunk_size=16)
+    lion = lambda impl: _lion_jit(q, k, v, a, normalize=normalize, impl=impl,  # noqa
+                                  chunk_size=16)
     assert rel_err(lion("pallas"), lion("attention")) <= 1e-5
 
     cut = 20
     for log_decay in (a, -jnp.asarray(rng.uniform(0, 1, size=q.shape), jnp.float32)):
         def causal(impl, s, state=None):
-            return ops.causal_linear_attention(q[:, s], k[:, s], v[:, s], log_decay[:, s],
-                                               normalize=normalize, impl=impl, chunk_size=16,
-                                               initial_state=state, return_final_state=True)
+            return _causal_jit(q[:, s], k[:, s], v[:, s], log_decay[:, s],
+                               normalize=normalize, impl=impl, chunk_size=16,
+                               initial_state=state, return_final_state=True)
         ref, ref_state = causal("attention", slice(None))
         first, state = causal("pallas", slice(0, cut))
         second, final_state = causal("pallas", slice(cut, None), state)
@@ -442,6 +449,7 @@ def test_pallas_centre_values(rng):
     v = jnp.abs(v) + 2.0
     args16 = [x.astype(jnp.bfloat16) for x in (q, k, v)]
 
+    @functools.partial(jax.jit, static_argnums=(0, 2))
     def dq(impl, args, centre):
         f = lambda q_: ops.lion_attention(q_, *args[1:], impl=impl, chunk_size=16,  # noqa
                                           centre_values=centre)
