@@ -50,8 +50,9 @@ def test_orders_are_permutations_and_invert(rng, rows, cols, name):
 def test_lion_logits_agree_across_impls(rng, name):
     x = images(rng, 2, 12, 16)  # 3 x 4 patches: 13 tokens with the CLS
     params = model(name).init(jax.random.key(int(rng.integers(2**31))), x, train=False)
-    logits = {impl: model(name, mixer=MIXERS[name][1] | dict(impl=impl, chunk_size=4)).apply(
-        params, x, train=False) for impl in ("attention", "chunk", "recurrent")}
+    logits = {impl: jax.jit(model(name, mixer=MIXERS[name][1] | dict(impl=impl, chunk_size=4))
+                            .apply, static_argnames="train")(params, x, train=False)
+              for impl in ("attention", "chunk", "recurrent")}
     for impl, y in logits.items():
         assert y.shape == (2, 5) and np.all(np.isfinite(y))
         np.testing.assert_allclose(y, logits["attention"], rtol=1e-5, atol=1e-5, err_msg=impl)
