@@ -309,6 +309,7 @@ def test_bad_shapes_one_line_errors(rng, kwargs, call, match):
     (dict(gate_rank=0), "gate_rank"),
     (dict(num_heads=0), "num_heads"),
     (dict(norm_eps=0.0), "norm_eps"),
+    (dict(kv_cache_len=8), "kv_cache_len=8 needs causal=True"),
 ])
 def test_bad_attributes_one_line_errors(kwargs, match):
     with pytest.raises(ValueError, match=match) as e:

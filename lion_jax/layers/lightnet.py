@@ -187,6 +187,9 @@ class LightNetAttention(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+        if self.kv_cache_len < 0 or (self.kv_cache_len and not self.causal):
+            raise ValueError(f"kv_cache_len={self.kv_cache_len} needs causal=True and a "
+                             "non-negative value (it is the causal decoding cache's capacity)")
         super().__post_init__()
 
     def _dense(self, features, names, name):
