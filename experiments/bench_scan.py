@@ -8,7 +8,8 @@ paper Figure 1, which prints no numbers; these are ours).
 Sides, all on ``[B, L, H, K]`` bf16 inputs, ``impl="auto"`` (our Pallas kernels on a GPU):
 
 * ``LNA, one scan``: :func:`lion_jax.layers.lightnet.one_scan`, ``phi(Q) (softmax_seq(K)^T V)``
-  (float32 math, as the layer runs it): one reduction over the sequence and two matmuls.
+  (softmax and state in float32, the weights and V entering the matmul in bf16, as the layer
+  runs it): one reduction over the sequence and two matmuls.
 * ``two scans``: :func:`lion_jax.ops.causal_linear_attention` with a scalar decay per token and
   head (Lightning Attention's form) forward, plus the same on the reversed sequence (how Vim and
   Vision-RWKV make a causal recurrence bidirectional).
@@ -53,8 +54,8 @@ def define_flags():
 def _lna(q, k, v, log_decay):
     del log_decay  # the additive decay comes from the keys themselves
     f32 = jnp.float32
-    kbar = softmax_over_sequence(k.astype(f32))
-    return one_scan(jax.nn.silu(q.astype(f32)), kbar, v.astype(f32)).astype(v.dtype)
+    kbar = softmax_over_sequence(k.astype(f32)).astype(v.dtype)  # as LightNetAttention does
+    return one_scan(jax.nn.silu(q.astype(f32)), kbar, v).astype(v.dtype)
 
 
 def _two_scans(q, k, v, log_decay):

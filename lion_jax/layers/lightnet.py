@@ -118,13 +118,19 @@ def one_scan(q: jnp.ndarray, kbar: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
     (:func:`softmax_over_sequence`), times the keys for ``share_decay=False``, MD-LRPE-rotated
     with the queries when the layer has ``lrpe``.
 
+    The state ``kbar^T v`` is accumulated and kept in float32 (float64 for float64 inputs),
+    as the op convention asks; ``kbar`` and ``v`` enter its matmul in their own dtype (bf16 in
+    a bf16 model: half the memory traffic of the sequence-long operands; forward + backward
+    15-16% faster than all-float32 on an H200 at L = 4K-64K, ``experiments.bench_scan``).
+
     Args:
       q: ``[B, L, H, K]`` (``phi`` applied); kbar: ``[B, L, H, K]``; v: ``[B, L, H, V]``.
     Returns:
-      ``[B, L, H, V]`` in the dtype of ``kbar`` and ``q`` promoted.
+      ``[B, L, H, V]`` in float32 (float64 for float64 inputs).
     """
-    kv = jnp.einsum("blhk,blhv->bhkv", kbar, v.astype(kbar.dtype))
-    return jnp.einsum("blhk,bhkv->blhv", q, kv)
+    acc = jnp.promote_types(jnp.result_type(q, kbar, v), jnp.float32)
+    kv = jnp.einsum("blhk,blhv->bhkv", kbar, v.astype(kbar.dtype), preferred_element_type=acc)
+    return jnp.einsum("blhk,bhkv->blhv", q.astype(acc), kv)
 
 
 class LightNetAttention(nn.Module):
@@ -298,7 +304,7 @@ class LightNetAttention(nn.Module):
             kbar = w if key is None else key * w
             if self.lrpe:
                 q, kbar = (md_lrpe(x_, theta, positions) for x_ in (q, kbar))
-            y = one_scan(q, kbar, v.astype(f32))
+            y = one_scan(q, kbar.astype(compute_dtype), v)
 
         y = self._norm(y.reshape(B, L, D).astype(f32))
         g = self._dense(self.gate_rank or K, ("embed", None), "gate_down")(x)
