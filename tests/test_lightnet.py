@@ -312,6 +312,7 @@ def test_bad_shapes_one_line_errors(rng, kwargs, call, match):
     (dict(num_heads=0), "num_heads"),
     (dict(norm_eps=0.0), "norm_eps"),
     (dict(kv_cache_len=8), "kv_cache_len=8 needs causal=True"),
+    (dict(grid_order="row"), "unknown grid_order 'row'"),
 ])
 def test_bad_attributes_one_line_errors(kwargs, match):
     with pytest.raises(ValueError, match=match) as e:
@@ -372,3 +373,30 @@ def test_noncausal_grid_lrpe_is_relative(rng):
     _assert_close(core(kbar_grid, 1)[:, 1:], core(kbar_grid, 0)[:, 1:], 1e-10)
     with pytest.raises(ValueError, match=r"13 tokens, but num_prefix \+ prod\(grid_shape\)"):
         mixer.clone(num_prefix=0).init(jax.random.PRNGKey(0), x)
+
+
+@pytest.mark.parametrize("grid", [(4, 3), (2, 3, 2)])
+def test_noncausal_grid_order_invariance(rng, grid):
+    """The module on a grid flattened row-major (``grid_order="C"``) and column-major
+    (``"F"``), with a class token in front: the same outputs once the tokens are put back
+    (digest 6.2: flattening order does not matter with MD-LRPE)."""
+    n = int(np.prod(grid))
+    cells = _x(rng, (B, *grid, D))
+    cls = _x(rng, (B, 1, D))
+    axes = list(range(1, len(grid) + 1))
+
+    def tokens(order):  # column-major = row-major of the grid with its axes reversed
+        g = cells if order == "C" else jnp.transpose(cells, [0, *axes[::-1], len(grid) + 1])
+        return jnp.concatenate([cls, g.reshape(B, n, D)], axis=1)
+
+    mixer = LightNetAttention(num_heads=2, lrpe=True, grid_shape=grid, num_prefix=1,
+                              param_dtype=jnp.float64)  # head_dim 6: 2 or 3 axis groups
+    params = _init(mixer, tokens("C"), rng)
+    row = mixer.apply(params, tokens("C"))
+    col = mixer.clone(grid_order="F").apply(params, tokens("F"))
+    col_cells = jnp.transpose(col[:, 1:].reshape(B, *grid[::-1], D),
+                              [0, *axes[::-1], len(grid) + 1]).reshape(B, n, D)
+    _assert_close(col[:, :1], row[:, :1], 1e-10)
+    _assert_close(col_cells, row[:, 1:], 1e-10)
+    # without the right order the rotations are wrong
+    assert np.abs(np.asarray(mixer.apply(params, tokens("F")) - col)).max() > 1e-6

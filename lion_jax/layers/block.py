@@ -29,7 +29,7 @@ def make_mixer(kind: str, **kwargs) -> nn.Module:
     try:
         return MIXERS[kind](**kwargs)
     except TypeError as e:  # an unknown keyword argument
-        raise ValueError(f"{kind} mixer: {e}".replace("__init__() ", "")) from None
+        raise ValueError(f"{kind} mixer: {e}".replace(".__init__()", "")) from None
 
 
 def model_mixer_kwargs(owner: str, kind: str, mixer: Mapping[str, Any], *, d_model: int,

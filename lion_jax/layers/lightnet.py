@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 
 from lion_jax import ops
-from lion_jax.layers.md_pe import grid_positions, md_lrpe, md_lrpe_thetas
+from lion_jax.layers.md_pe import GRID_ORDERS, grid_positions, md_lrpe, md_lrpe_thetas
 from lion_jax.layers.tnl import srms_norm
 
 NORMS = ("layernorm", "rmsnorm", "srmsnorm")
@@ -159,7 +159,9 @@ class LightNetAttention(nn.Module):
         :class:`lion_jax.ops.KVCache` of this capacity instead of the recurrent ``S``, so
         decoding attends to every token seen (the state is ``(cache, z)``).
       grid_shape, num_prefix: the tokens' grid for ``lrpe`` (``num_prefix`` unrotated tokens,
-        then the grid row-major); ``()`` = a 1-D sequence at positions ``offset + t``.
+        then the grid); ``()`` = a 1-D sequence at positions ``offset + t``.
+      grid_order: how the grid was flattened, ``"C"`` (default, row-major: the last axis
+        fastest) or ``"F"`` (column-major); see :func:`lion_jax.layers.md_pe.grid_positions`.
       impl, chunk_size: passed to :func:`lion_jax.ops.causal_linear_attention` (causal only).
       dtype, param_dtype: compute and parameter dtypes.
     """
@@ -177,6 +179,7 @@ class LightNetAttention(nn.Module):
     kv_cache_len: int = 0
     grid_shape: tuple[int, ...] = ()
     num_prefix: int = 0
+    grid_order: str = "C"
     impl: str = "auto"
     chunk_size: int = 64
     dtype: Any = None
@@ -185,6 +188,8 @@ class LightNetAttention(nn.Module):
     def __post_init__(self):
         if self.impl not in ops.IMPLS:
             raise ValueError(f"unknown impl {self.impl!r}; valid: {list(ops.IMPLS)}")
+        if self.grid_order not in GRID_ORDERS:
+            raise ValueError(f"unknown grid_order {self.grid_order!r}; valid: {list(GRID_ORDERS)}")
         if self.norm not in NORMS:
             raise ValueError(f"unknown norm {self.norm!r}; valid: {list(NORMS)}")
         for name in ("num_heads", "head_dim", "gate_rank", "decay_rank", "chunk_size"):
@@ -260,7 +265,8 @@ class LightNetAttention(nn.Module):
         B, L, D, H, K = self._check(x, mask, state, return_state)
         if self.lrpe:
             theta = md_lrpe_thetas(H, K, max(1, len(self.grid_shape)))
-            positions = (grid_positions(self.grid_shape, self.num_prefix) if self.grid_shape
+            positions = (grid_positions(self.grid_shape, self.num_prefix, self.grid_order)
+                         if self.grid_shape
                          else (offset + jnp.arange(L, dtype=jnp.int32))[:, None])
         names = ("embed", "heads")
         q = self._dense(D, names, "query")(x)
