@@ -15,7 +15,8 @@ multiple of 16, trained by the library's trainer (``experiments.trainer``, what
 length, batch, steps and learning rate (cosine to 10% after 10% warmup). Data: the embedded
 corpus and its BPE (``experiments/data/lm.py``; no download), or ``--data_dir`` text files.
 
-Per logged step (every ``--log_every`` steps, the training loss averaged since the last log):
+Per logged step after the warmup (every ``--log_every`` steps, the training loss averaged since
+the last log; the warmup's points are left out, the paper does not say whether it keeps them):
 tokens ``D = step * b * n``, compute ``C = step * C_step`` with ``C_step`` the paper's Table 1
 training FLOPs per step (``--flops table1``, :func:`lion_jax.scaling.table1_flops_per_step` at
 the run's ``b``, ``n``, ``l``, ``d``, ``h``; ``full``: every App. A.1 term with the actual GLU
@@ -28,7 +29,8 @@ logged at that ``C`` (needs five or more sizes; off by default for small sweeps,
 bias ``a`` low, see :mod:`lion_jax.scaling.fit`).
 
 Writes ``DIR/runs/<arch>_d<width>/`` (each run's workdir: ``config.json``, ``metrics.jsonl``,
-checkpoints; the same command resumes unfinished runs and skips finished ones),
+checkpoints; the same command resumes unfinished runs and skips finished ones; ``--fit_only``
+fits the run records already there, e.g. copied from the machine that trained them),
 ``DIR/points.jsonl`` (one line per logged point), ``DIR/fits.json``, ``DIR/table.md`` (our
 exponents beside the paper's Table 3 and the architectures ordered by predicted loss at equal
 compute) and ``DIR/figure1.png``.
@@ -81,6 +83,8 @@ def define_flags():
                       "Parameter count N of the fits.")
     flags.DEFINE_bool("bracketed", False, "Envelope points bracketed by a smaller and a "
                       "larger run only (five or more widths).")
+    flags.DEFINE_bool("fit_only", False, "Fit the runs already in DIR/runs (e.g. trained on "
+                      "another machine), training nothing.")
     flags.DEFINE_string("cache_dir", "~/.cache/lion_jax/lm", "Tokenizer and token cache.")
     flags.DEFINE_string("data_dir", "", "Text files instead of the embedded corpus.")
 
@@ -123,6 +127,11 @@ def dims(width, head_dim):
     return max(1, width // 32), width, width // head_dim, 16 * -(-8 * width // (3 * 16))
 
 
+def warmup_steps(s):
+    """The runs' learning-rate warmup: the first 10% of the steps."""
+    return max(1, s["steps"] // 10)
+
+
 def run_config(arch, width, s):
     """The trainer config of one run: ``configs/lm/<arch>.py:small`` with the sweep's
     sizes, data, schedule and logging."""
@@ -142,7 +151,7 @@ def run_config(arch, width, s):
     c.batch_size = c.eval_batch_size = s["batch"]
     c.num_train_steps = s["steps"]
     c.optim.update(learning_rate=s["learning_rate"], schedule="cosine",
-                   warmup_steps=max(1, s["steps"] // 10), end_lr_factor=0.1)
+                   warmup_steps=warmup_steps(s), end_lr_factor=0.1)
     c.log_every = s["log_every"]
     c.eval_every = 0  # once, at the end
     c.checkpoint_every = s["steps"]
@@ -167,22 +176,24 @@ def model_size(arch, layers, d, heads, glu, s):
                                embedding=FLAGS.convention == "with_embedding")
 
 
-def read_train_losses(workdir):
-    """``(steps, losses)`` of the train records of ``workdir/metrics.jsonl`` (a resumed run
-    logs a step again: the last record wins)."""
-    losses = {}
+def read_run(workdir):
+    """``(steps, losses, devices)`` of ``workdir/metrics.jsonl``: the train records (a resumed
+    run logs a step again: the last record wins) and the devices its starts ran on."""
+    losses, devices = {}, set()
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         for line in f:
             record = json.loads(line)
             if record.get("split") == "train" and "loss" in record.get("metrics", {}):
                 losses[record["step"]] = record["metrics"]["loss"]
+            elif record.get("split") == "run":
+                devices.add(record.get("info", {}).get("device", "?"))
     steps = np.array(sorted(losses))
-    return steps, np.array([losses[k] for k in steps])
+    return steps, np.array([losses[k] for k in steps]), devices
 
 
 def train_all(s, out):
     """Trains (or resumes, or skips) every run; ``{arch: [scaling.Run]}`` and the points."""
-    runs_by_arch, points = {}, []
+    runs_by_arch, points, devices = {}, [], set()
     total = len(s["archs"]) * len(s["widths"])
     for i, (arch, width) in enumerate(((a, w) for a in s["archs"] for w in s["widths"]), 1):
         layers, d, heads, glu = dims(width, s["head_dim"])
@@ -192,9 +203,16 @@ def train_all(s, out):
         print(f"[{i}/{total}] {arch} d={d} l={layers} h={heads} g={glu}: N = {n_params:,.0f}, "
               f"C = {c_step:.3e} FLOPs a step", flush=True)
         start = time.perf_counter()
-        train_and_evaluate(run_config(arch, width, s), workdir, devices=jax.devices()[:1],
-                           config_name=f"experiments.scaling_sweep {arch} d={width}")
-        steps, losses = read_train_losses(workdir)
+        if not FLAGS.fit_only:
+            train_and_evaluate(run_config(arch, width, s), workdir, devices=jax.devices()[:1],
+                               config_name=f"experiments.scaling_sweep {arch} d={width}")
+        elif not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+            raise UserError(f"--fit_only: no run record {workdir}/metrics.jsonl; run without "
+                            "--fit_only to train it, or leave its arch or width out")
+        steps, losses, run_devices = read_run(workdir)
+        devices |= run_devices
+        keep = steps > warmup_steps(s)  # the warmup's plateau is no scaling regime
+        steps, losses = steps[keep], losses[keep]
         print(f"[{i}/{total}] {arch} d={d}: final train loss {losses[-1]:.4f} "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
         tokens = steps * s["batch"] * s["seq_len"]
@@ -204,18 +222,18 @@ def train_all(s, out):
                         params=n_params, step=int(k), tokens=int(t), flops=float(f),
                         loss=float(v))
                    for k, t, f, v in zip(steps, tokens, run.flops, losses)]
-    return runs_by_arch, points
+    return runs_by_arch, points, devices
 
 
 def _law(p):
     return f"{p.beta:.4g} C^{p.alpha:+.4f}"
 
 
-def report(fits, runs_by_arch, s):
+def report(fits, runs_by_arch, devices, s):
     """Markdown: our fits beside Table 3, and the equal-compute ordering."""
     unit = FLAGS.unit
-    lines = [f"Scaling sweep (`{' '.join(sys.argv[1:]) or 'defaults'}`): "
-             f"{jax.devices()[0].device_kind}, jax {jax.__version__}; widths "
+    lines = [f"Scaling sweep (`{' '.join(sys.argv[1:]) or 'defaults'}`): runs trained on "
+             f"{', '.join(sorted(devices))}, fitted with jax {jax.__version__}; widths "
              f"{list(s['widths'])}, rows of {s['seq_len']}, {s['batch']} rows a step, "
              f"{s['steps']} steps; C in {unit} ({FLAGS.flops} FLOPs), N {FLAGS.convention}, "
              f"envelope {'bracketed' if FLAGS.bracketed else 'over every covered C'}.", "",
@@ -248,7 +266,7 @@ def main(argv):
         s = settings_from_flags()
         out = os.path.abspath(os.path.expanduser(FLAGS.out))
         os.makedirs(out, exist_ok=True)
-        runs_by_arch, points = train_all(s, out)
+        runs_by_arch, points, devices = train_all(s, out)
     except UserError as e:
         sys.exit(f"error: {e}")
     with open(os.path.join(out, "points.jsonl"), "w") as f:
@@ -259,7 +277,7 @@ def main(argv):
         json.dump({arch: dict(unit=fit.unit, loss=fit.loss._asdict(),
                               params=fit.params._asdict(), tokens=fit.tokens._asdict())
                    for arch, fit in fits.items()}, f, indent=1)
-    table = report(fits, runs_by_arch, s)
+    table = report(fits, runs_by_arch, devices, s)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(table)
     scaling.plot_figure1(fits, runs_by_arch, os.path.join(out, "figure1.png"))

@@ -32,7 +32,7 @@ def test_smoke_sweep_fits_and_resumes(tmp_path):
         assert all(math.isfinite(v) for v in values)
         assert fit["loss"]["alpha"] < 0 < fit["params"]["alpha"]  # loss falls, N_opt grows
     points = [json.loads(line) for line in (out / "points.jsonl").read_text().splitlines()]
-    assert len(points) == 2 * 3 * 12  # archs x widths x (24 steps / log every 2)
+    assert len(points) == 2 * 3 * 11  # archs x widths x logged steps 4, 6, ..., 24 (after warmup)
     for p in points:
         assert p["tokens"] == p["step"] * 8 * 32 and p["flops"] > 0 and p["loss"] > 0
     table = (out / "table.md").read_text()
