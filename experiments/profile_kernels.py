@@ -17,6 +17,11 @@ a GPU and torch.
 launch setting (``num_warps`` 4 / 8, ``num_stages`` 1-3, output ``block_v`` 64 / 128; LION's
 backward as its dq and dk, dv kernels, or one kernel where the head dim allows), the kernels'
 own times only: the sweep behind the defaults of ``pallas_kernels.two_pass`` on this device.
+
+``--dense`` times ``pallas_kernels.lion_dense`` (the one-block kernels of short sequences) at
+ViT-T's shape (B = 256, L = 197, H = 3, K = V = 64, bf16, normalised), without decay (LION-LIT)
+and with one per token and head (LION-S), under each block (32 / 64 rows), forward and backward
+``num_warps`` (4 / 8) and ``num_stages`` (1-3): its forward, dq and dk/dv kernels' own times.
 """
 
 import argparse
@@ -97,6 +102,34 @@ def launch_settings(q, k, v, dy, g, ops, reps):
         print(f"   {op} D={D} {label}: {found}", flush=True)
 
 
+def dense_settings(reps, batch=256, length=197, heads=3, dim=64):
+    """Prints lion_dense's kernel times (ms) at ViT-T's shape under every launch setting."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    q, k, v, dy = (jax.random.normal(key, (batch, length, heads, dim), jnp.bfloat16)
+                   for key in keys[:4])
+    log_decay = -jax.nn.softplus(jax.random.normal(keys[4], (batch, length, heads)))
+    names = ("lion_dense_forward", "lion_dense_dq", "lion_dense_dkv")
+    for g, label in ((None, "LIT, no decay"), (log_decay, "S, a decay per token and head")):
+        print(f"== lion_dense at B={batch} L={length} H={heads} K=V={dim}, {label} "
+              "(ms per call of each kernel)")
+        for block, fw, bw, st in itertools.product((32, 64), (4, 8), (4, 8), (1, 2, 3)):
+            def fwd_bwd(q, k, v, g, settings=dict(block=block, num_warps=fw, backward_warps=bw,
+                                                   num_stages=st)):
+                out, vjp = jax.vjp(lambda *a: pallas_kernels.lion_dense(*a, **settings), q, k,
+                                   v, *([] if g is None else [g]))
+                return out, vjp(dy)
+            setting = f"block={block} warps={fw}/{bw} stages={st}"
+            try:
+                times = kernel_times(jax.jit(fwd_bwd), (q, k, v, g), reps)
+            except Exception as e:  # a setting the kernel cannot take (shared memory)
+                print(f"   {setting}: failed: {type(e).__name__}: {e}"[:200], flush=True)
+                continue
+            found = [times[n][0] for n in names if n in times]
+            print(f"   {setting}: " + "  ".join(f"{n[11:]} {t:.3f}" for n, t in
+                                                zip(names, found)) + f"  sum {sum(found):.3f}",
+                  flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="16384")
@@ -107,12 +140,18 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--settings", action="store_true",
                         help="time the output / gradients kernels under each launch setting")
+    parser.add_argument("--dense", action="store_true",
+                        help="time lion_dense's kernels at ViT-T's shape under each setting")
     args = parser.parse_args()
     unknown = set(args.ops.split(",")) - set(OPS)
     if unknown:
         parser.error(f"unknown --ops {sorted(unknown)}; choose from {sorted(OPS)}")
     if jax.default_backend() != "gpu":
         raise SystemExit("profile_kernels needs a GPU (CUDA kernels are what it times)")
+    if args.dense:
+        print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}")
+        dense_settings(args.reps)
+        return
     rng = np.random.default_rng(0)
     print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, B={args.batch} "
           f"H={args.heads}, bf16; per-kernel ms per fwd+bwd call (torch.profiler / CUPTI)")

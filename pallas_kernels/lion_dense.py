@@ -331,6 +331,8 @@ class _Config:
     f32: bool  # float32 inputs: exact float32 matmuls
     split: bool  # normalised 16-bit inputs with two_parts: see the module docstring
     interpret: bool
+    warps: tuple  # (forward, backward) num_warps
+    num_stages: int
 
     @property
     def blocks(self):
@@ -339,7 +341,9 @@ class _Config:
     def call(self, kernel, name, args, in_specs, outs, **kwargs):
         """One launch, one program per (b, h, block): a 1-D grid of ``B * H * blocks`` with the
         blocks of one (b, h) side by side (they read the same keys and values: as flash
-        attention orders its grid, so those stay in L2); ``outs``: ``(shape, dtype, spec)``."""
+        attention orders its grid, so those stay in L2); ``outs``: ``(shape, dtype, spec)``;
+        the forward's or the backward's ``num_warps`` by the kernel."""
+        warps = self.warps[0] if kernel is _forward_kernel else self.warps[1]
         kernel = functools.partial(
             kernel, length=self.L, dims=self.dims, block=self.block, decay=self.decay,
             normalize=self.normalize, eps=self.eps,
@@ -348,8 +352,8 @@ class _Config:
             kernel, grid=(self.B * self.H * self.blocks,),
             in_specs=in_specs, out_specs=[spec for _, _, spec in outs],
             out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outs],
-            compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS,
-                                                    num_stages=NUM_STAGES),
+            compiler_params=pltriton.CompilerParams(num_warps=warps,
+                                                    num_stages=self.num_stages),
             interpret=self.interpret, name=name,
         )(*args)
 
@@ -440,7 +444,8 @@ def _cumulative(log_decay, exact):
 
 
 def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=None,
-               block=None, two_parts=True):
+               block=None, two_parts=True, num_warps=None, backward_warps=None,
+               num_stages=None):
     """LION attention for L <= ``MAX_LEN``, flash-attention style (see the module docstring).
 
     Args:
@@ -455,6 +460,9 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=N
       two_parts: normalised 16-bit inputs under differentiation: the forward's weights and
         dq's dS in two 16-bit parts and y's low part saved, for gradients to ~16 bits of
         ``delta`` (two matmuls and one ``[B, L, H, V]`` residual more; module docstring).
+      num_warps, backward_warps, num_stages: Triton launch settings of the forward kernel,
+        of the two backward kernels, and of all three (None: ``NUM_WARPS``, ``NUM_WARPS``,
+        ``NUM_STAGES``); ``python -m experiments.profile_kernels --dense`` times them.
     Returns:
       ``[B, L, H, V]`` in v.dtype; differentiable in q, k, v and log_decay (gradients in
       their dtypes).
@@ -469,6 +477,12 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=N
     f32 = q.dtype == jnp.float32
     a = _cumulative(log_decay, exact=f32)
     B, L, H, K = q.shape
+    settings = (num_warps, backward_warps, num_stages)
+    if any(x is not None and (not isinstance(x, int) or x < 1) for x in settings):
+        raise ValueError(f"lion_dense: num_warps, backward_warps and num_stages must be "
+                         f"positive ints or None; got {settings}")
+    warps = (num_warps or NUM_WARPS, backward_warps or NUM_WARPS)
     cfg = _Config(B, L, H, (K, v.shape[-1]), _block(L, block), len(a), bool(normalize),
-                  float(eps), f32, bool(two_parts and normalize and not f32), bool(interpret))
+                  float(eps), f32, bool(two_parts and normalize and not f32), bool(interpret),
+                  warps, num_stages or NUM_STAGES)
     return _dense(q, k, v, a, cfg)

@@ -197,6 +197,20 @@ def test_launches():
     assert "lion_dense_dq" in grads and "lion_dense_dkv" in grads
 
 
+def test_launch_settings_give_the_same_results(rng):
+    """Other launch settings (forward / backward warps, stages, block) compute the same
+    output and gradients (compiled on a GPU; on CPU the interpreter ignores warps and
+    stages, so this checks that they reach the launches)."""
+    args, dy = make_inputs(rng, 2, 33, 2, 16, 24, jnp.float32, "moderate")
+    default = value_and_grads(kernel_fn(args[3]), args, dy)
+    other = value_and_grads(kernel_fn(args[3], num_warps=8, backward_warps=2, num_stages=1,
+                                      block=16), args, dy)
+    for name, a, b in zip(NAMES, other, default):
+        assert rel_err(a, np.asarray(b, np.float64)) <= TOL[jnp.float32], name
+    with pytest.raises(ValueError, match="num_warps, backward_warps and num_stages must be"):
+        pallas_kernels.lion_dense(*args, num_stages=0)
+
+
 def test_bad_inputs():
     reason = pallas_kernels.lion_dense_unsupported_reason
     q = jnp.zeros((1, 8, 2, 16), jnp.float32)
