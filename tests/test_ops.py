@@ -484,7 +484,8 @@ def test_pallas_impl_rejects_unsupported_shapes_clearly(rng):
 
 def test_auto_keeps_per_key_decay_off_the_kernels(rng, monkeypatch):
     """On a GPU, impl="auto" takes the XLA forms for a decay per key feature (the kernels'
-    backward compiles for minutes); a decay per token still goes to the kernels."""
+    backward compiles for minutes), the materialized one only within one chunk; a decay per
+    token still goes to the kernels."""
     from lion_jax.ops import api
     if api._kernels_module() is None:
         pytest.skip("pallas_kernels not importable")
@@ -495,3 +496,11 @@ def test_auto_keeps_per_key_decay_off_the_kernels(rng, monkeypatch):
     assert api._resolve_impl("auto", q[:, :40], q[:, :40], q[:, :40], per_key[:, :40], 64,
                              False) == "attention"
     assert api._resolve_impl("auto", q, q, q, per_key[..., 0], 64, False) == "pallas"
+    # per key feature, past one chunk: chunked (K masks of C x C, not of L x L)
+    assert api._resolve_impl("auto", q[:, :256], q[:, :256], q[:, :256], per_key[:, :256], 64,
+                             False) == "chunk"
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert api._resolve_impl("auto", q[:, :256], q[:, :256], q[:, :256], per_key[:, :256], 64,
+                             False) == "chunk"
+    assert api._resolve_impl("auto", q[:, :256], q[:, :256], q[:, :256], None, 64,
+                             False) == "attention"

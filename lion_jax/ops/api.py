@@ -334,7 +334,7 @@ def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, value_deca
     """The form for impl="auto": the Pallas kernels on a GPU when they take these inputs (``v``
     as the kernels see it: one column wider when normalising, or twice as wide with a decay
     per value feature; never the per-key-feature ones), else the materialized form for short
-    sequences and the chunked one beyond."""
+    sequences and the chunked one beyond (beyond one chunk, for a decay per key feature)."""
     if impl != "auto":
         return impl
     kernels = _kernels_module()
@@ -353,6 +353,10 @@ def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, value_deca
             reason = kernels.unsupported_reason(q, k, v_seen, log_decay, chunk_size=chunk_size)
         if reason is None:
             return "pallas"
+    if per_key:  # the materialized form holds K masks of L x L, the chunked one K of C x C:
+        # an HGRN2 eval step with per-key masks at L = 256, K = 32 sat over 6 minutes in XLA's
+        # GPU compile (H200, experiments.scaling_sweep, 2026-11-26)
+        return "attention" if q.shape[1] <= chunk_size else "chunk"
     return "attention" if q.shape[1] <= AUTO_ATTENTION_MAX_LEN else "chunk"
 
 
