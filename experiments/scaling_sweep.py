@@ -36,8 +36,8 @@ exponents beside the paper's Table 3 and the architectures ordered by predicted 
 compute) and ``DIR/figure1.png``.
 
 Presets: ``default``, 4 architectures x 4 widths (64-192, 2-6 layers, 0.1-2.7M non-embedding
-parameters), rows of 256 tokens, 32 rows a step, 400 steps: about 10 minutes on one H100 or
-H200, most of it compiling; ``smoke``, 2 architectures x 3 widths of 1 layer, 24 steps of 8 rows
+parameters), rows of 256 tokens, 32 rows a step, 400 steps (one H200, 2026-11-26: each LLaMA
+and TNL run 10-28 s, most of it compiling; HGRN2 and cosFormer2 not yet timed); ``smoke``, 2 architectures x 3 widths of 1 layer, 24 steps of 8 rows
 of 32 tokens: a CPU check of the whole path for CI (about a minute on 2 cores).
 """
 
