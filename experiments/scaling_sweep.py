@@ -37,8 +37,9 @@ compute) and ``DIR/figure1.png``.
 
 Presets: ``default``, 4 architectures x 4 widths (64-192, 2-6 layers, 0.1-2.7M non-embedding
 parameters), rows of 256 tokens, 32 rows a step, 400 steps (one H200, 2026-11-26: each LLaMA
-and TNL run 10-28 s, most of it compiling; HGRN2 and cosFormer2 not yet timed); ``smoke``, 2 architectures x 3 widths of 1 layer, 24 steps of 8 rows
-of 32 tokens: a CPU check of the whole path for CI (about a minute on 2 cores).
+and TNL run 10-28 s, most of it compiling; HGRN2 and cosFormer2 not yet timed); ``smoke``, 2
+architectures x 3 widths of 1 layer, 24 steps of 8 rows of 32 tokens: a CPU check of the whole
+path for CI (26 s on this project's 2-core CI machine, 2026-11-26).
 """
 
 import json
@@ -52,6 +53,7 @@ from absl import app, flags, logging
 
 from configs.lm import common as lm_common
 from experiments.errors import UserError
+from experiments.lra_leaderboard import read_records
 from experiments.trainer import train_and_evaluate
 from lion_jax import scaling
 
@@ -169,24 +171,13 @@ def flops_per_step(arch, layers, d, heads, glu, s):
                                        v=s["vocab_size"])
 
 
-def model_size(arch, layers, d, heads, glu, s):
-    if FLAGS.convention == "table1":
-        return scaling.table1_params(arch, layers, d, heads)
-    return scaling.full_params(arch, layers, d, heads, glu, v=s["vocab_size"],
-                               embedding=FLAGS.convention == "with_embedding")
-
-
 def read_run(workdir):
     """``(steps, losses, devices)`` of ``workdir/metrics.jsonl``: the train records (a resumed
     run logs a step again: the last record wins) and the devices its starts ran on."""
-    losses, devices = {}, set()
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("split") == "train" and "loss" in record.get("metrics", {}):
-                losses[record["step"]] = record["metrics"]["loss"]
-            elif record.get("split") == "run":
-                devices.add(record.get("info", {}).get("device", "?"))
+    records = read_records(os.path.join(workdir, "metrics.jsonl"))
+    losses = {r["step"]: r["metrics"]["loss"] for r in records
+              if r["split"] == "train" and "loss" in r["metrics"]}
+    devices = {r.get("info", {}).get("device", "?") for r in records if r["split"] == "run"}
     steps = np.array(sorted(losses))
     return steps, np.array([losses[k] for k in steps]), devices
 
@@ -198,7 +189,8 @@ def train_all(s, out):
     for i, (arch, width) in enumerate(((a, w) for a in s["archs"] for w in s["widths"]), 1):
         layers, d, heads, glu = dims(width, s["head_dim"])
         workdir = os.path.join(out, "runs", f"{arch}_d{width}")
-        n_params = model_size(arch, layers, d, heads, glu, s)
+        n_params = scaling.model_params(arch, (layers, d, heads, glu), FLAGS.convention,
+                                        v=s["vocab_size"])
         c_step = flops_per_step(arch, layers, d, heads, glu, s)
         print(f"[{i}/{total}] {arch} d={d} l={layers} h={heads} g={glu}: N = {n_params:,.0f}, "
               f"C = {c_step:.3e} FLOPs a step", flush=True)

@@ -207,14 +207,16 @@ def _dims(arch: str, size_or_dims) -> tuple:
     return tuple(size_or_dims)
 
 
-def model_params(arch: str, size_or_dims, convention: str = "non_embedding") -> float:
+def model_params(arch: str, size_or_dims, convention: str = "non_embedding",
+                 v: int = VOCAB_SIZE) -> float:
     """Model size ``N`` of a size name ("70m" ... "7b") or ``(l, d, h, g)``, in one of
     :data:`CONVENTIONS`.
 
     ``"table1"``: :func:`table1_params` (``12ld^2``-style, ``g = 8/3 d``); ``"non_embedding"``
     (default: Table 7's column, the paper's stated N): :func:`full_params` with the actual
-    ``g``; ``"with_embedding"``: that plus the tied ``dv`` (``v`` = 100,280). The paper does not
-    say which of the first two its ``N_opt`` fits use (digest 2.3).
+    ``g``; ``"with_embedding"``: that plus the tied ``dv`` (``v``: the paper's 100,280 by
+    default). The paper does not say which of the first two its ``N_opt`` fits use (digest
+    2.3).
     """
     _check_arch(arch)
     if convention not in CONVENTIONS:
@@ -222,7 +224,7 @@ def model_params(arch: str, size_or_dims, convention: str = "non_embedding") -> 
     l, d, h, g = _dims(arch, size_or_dims)
     if convention == "table1":
         return table1_params(arch, l, d, h)
-    return full_params(arch, l, d, h, g, embedding=convention == "with_embedding")
+    return full_params(arch, l, d, h, g, v, embedding=convention == "with_embedding")
 
 
 def compute_in(flops: float, unit: str) -> float:
