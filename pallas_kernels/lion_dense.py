@@ -331,19 +331,19 @@ class _Config:
     f32: bool  # float32 inputs: exact float32 matmuls
     split: bool  # normalised 16-bit inputs with two_parts: see the module docstring
     interpret: bool
-    warps: tuple  # (forward, backward) num_warps
+    forward_warps: int
+    backward_warps: int
     num_stages: int
 
     @property
     def blocks(self):
         return -(-self.L // self.block)
 
-    def call(self, kernel, name, args, in_specs, outs, **kwargs):
+    def call(self, kernel, name, args, in_specs, outs, warps, **kwargs):
         """One launch, one program per (b, h, block): a 1-D grid of ``B * H * blocks`` with the
         blocks of one (b, h) side by side (they read the same keys and values: as flash
         attention orders its grid, so those stay in L2); ``outs``: ``(shape, dtype, spec)``;
-        the forward's or the backward's ``num_warps`` by the kernel."""
-        warps = self.warps[0] if kernel is _forward_kernel else self.warps[1]
+        ``warps``: its ``num_warps``."""
         kernel = functools.partial(
             kernel, length=self.L, dims=self.dims, block=self.block, decay=self.decay,
             normalize=self.normalize, eps=self.eps,
@@ -380,7 +380,8 @@ def _forward(q, k, v, a, cfg, differentiated):
     if split:
         outs.append((v.shape, v.dtype, vs))
     res = list(cfg.call(_forward_kernel, "lion_dense_forward", [q, k, v, *a],
-                        [qk, qk, vs] + [row] * len(a), outs, split=split, low=split))
+                        [qk, qk, vs] + [row] * len(a), outs, cfg.forward_warps, split=split,
+                        low=split))
     return res[0], (res[1] if cfg.normalize else None), (res[-1] if split else None)
 
 
@@ -396,13 +397,15 @@ def _backward(q, k, v, a, y, den, y_low, dy, cfg):
         extra, extra_specs = extra + [y_low], extra_specs + [vs]
     res = list(cfg.call(
         _dq_kernel, "lion_dense_dq", ins + extra, in_specs + extra_specs,
-        [(q.shape, q.dtype, qk)] + [rows] * (normalize + bool(decay)), split=cfg.split))
+        [(q.shape, q.dtype, qk)] + [rows] * (normalize + bool(decay)), cfg.backward_warps,
+        split=cfg.split))
     dq = res.pop(0)
     dden = res.pop(0) if normalize else None
     extra, extra_specs = ([den, dden], [row, row]) if normalize else ([], [])
     dk, dv, *da = cfg.call(
         _dkv_kernel, "lion_dense_dkv", ins + extra, in_specs + extra_specs,
-        [(k.shape, k.dtype, qk), (v.shape, v.dtype, vs)] + [rows] * bool(decay))
+        [(k.shape, k.dtype, qk), (v.shape, v.dtype, vs)] + [rows] * bool(decay),
+        cfg.backward_warps)
     return dq, dk, dv, (res[0] + da[0] if decay else None)
 
 
@@ -481,8 +484,7 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=N
     if any(x is not None and (not isinstance(x, int) or x < 1) for x in settings):
         raise ValueError(f"lion_dense: num_warps, backward_warps and num_stages must be "
                          f"positive ints or None; got {settings}")
-    warps = (num_warps or NUM_WARPS, backward_warps or NUM_WARPS)
     cfg = _Config(B, L, H, (K, v.shape[-1]), _block(L, block), len(a), bool(normalize),
                   float(eps), f32, bool(two_parts and normalize and not f32), bool(interpret),
-                  warps, num_stages or NUM_STAGES)
+                  num_warps or NUM_WARPS, backward_warps or NUM_WARPS, num_stages or NUM_STAGES)
     return _dense(q, k, v, a, cfg)
