@@ -353,9 +353,10 @@ def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, value_deca
             reason = kernels.unsupported_reason(q, k, v_seen, log_decay, chunk_size=chunk_size)
         if reason is None:
             return "pallas"
-    if per_key:  # the materialized form holds K masks of L x L, the chunked one K of C x C:
-        # an HGRN2 eval step with per-key masks at L = 256, K = 32 sat over 6 minutes in XLA's
-        # GPU compile (H200, experiments.scaling_sweep, 2026-11-26)
+    if per_key:  # the materialized form holds K masks of L x L, the chunked one K of C x C.
+        # An HGRN2 eval step on the materialized form (L = 256, K = 32) sat over 6 minutes in
+        # XLA's GPU compile (H200, experiments.scaling_sweep, 2026-11-26); that the chunked
+        # form compiles faster there is not yet measured.
         return "attention" if q.shape[1] <= chunk_size else "chunk"
     return "attention" if q.shape[1] <= AUTO_ATTENTION_MAX_LEN else "chunk"
 
