@@ -22,6 +22,7 @@ setup(
         "chex>=0.1.90",
         "ml-collections>=1.0",
         "numpy>=1.26",
+        "scipy>=1.11",  # lion_jax.scaling.fit (imported directly; jax needs it too)
         "tqdm>=4.66",
         "tokenizers>=0.20",  # WordPiece for the MLM data (encode_batch_fast: 0.20)
     ],
