@@ -30,8 +30,9 @@ def _fresh_jax_caches():
 
 @pytest.fixture
 def rng(request):
-    """A fresh numpy Generator per test; the seed is printed on failure for reproduction."""
-    seed = int.from_bytes(os.urandom(4), "little")
+    """A fresh numpy Generator per test; the seed is printed on failure for reproduction
+    (``LION_TEST_SEED=<seed> pytest ...`` replays it)."""
+    seed = int(os.environ.get("LION_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     request.node.user_properties.append(("seed", seed))
     print(f"[seed={seed}]")
     return np.random.default_rng(seed)

@@ -5,6 +5,7 @@ files in the real formats, written to tmp_path (the tensorflow-datasets paths ag
 train with a falling loss, and a run resumed from a checkpoint equals the uninterrupted one."""
 
 import io
+import itertools
 import json
 import os
 import pickle
@@ -83,12 +84,20 @@ def _write_pickle(path, data, labels, label_key):
         pickle.dump(d, f, protocol=2)
 
 
+def _class_colours(rng, n):
+    """``n`` (at most 8) class colours [n, 3]: corners of the RGB cube, 30 in from its faces, in
+    random order; they stay far apart (distance >= 195), so a 4-step run always learns them
+    (colours drawn at random were sometimes too close to separate in 4 steps)."""
+    corners = np.array(list(itertools.product((30, 225), repeat=3)))
+    return corners[rng.permutation(len(corners))[:n]]
+
+
 def write_cifar(root, name, rng, *, sizes=None, learnable=False):
     """A cifar-10-batches-py / cifar-100-python folder with random (or, `learnable`, class-
     coloured) images; returns {split: (images [N, 32, 32, 3], labels [N])}."""
     _, num_classes, train_files, test_files, label_key, _ = cifar.DATASETS[name]
     root.mkdir(parents=True)
-    colours = rng.integers(0, 256, (num_classes, 3))
+    colours = _class_colours(rng, 5)  # `learnable` images use 5 classes
     expected = {}
     for split, files in (("train", train_files), ("test", test_files)):
         images, labels = [], []
@@ -229,7 +238,7 @@ def write_imagenet(root, rng, *, per_class=(5, 3), learnable=False):
     """train/<wnid>/ and val/<wnid>/ folders of PNG (exact) and a few JPEG images of odd sizes,
     plus files that are not images; returns {split: [(path, image or None, label)]} in the
     loader's order (wnid, then file name)."""
-    colours = rng.integers(0, 256, (len(WNIDS), 3))
+    colours = _class_colours(rng, len(WNIDS))
     expected = {}
     for split, count in zip(("train", "val"), per_class):
         rows = []
