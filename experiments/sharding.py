@@ -26,16 +26,32 @@ BATCH_AXES = ("data", "fsdp")
 def maybe_initialize_distributed(enabled):
     """Starts multi-process JAX when ``enabled`` or ``JAX_COORDINATOR_ADDRESS`` is set.
 
-    ``jax.distributed.initialize()`` then finds the coordinator, process count and id from the
-    environment (``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``, or a
-    cluster it detects: SLURM, Open MPI, Kubernetes, Cloud TPU). Must run before JAX touches
-    a device; a second call is a no-op.
+    With ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (what
+    ``python -m experiments.launch`` sets; jax itself reads only the address) the process joins
+    that group; with none of them ``jax.distributed.initialize()`` detects a cluster (SLURM,
+    Open MPI, Kubernetes, Cloud TPU). Must run before JAX touches a device; a second call is a
+    no-op.
     """
-    if not (enabled or os.environ.get("JAX_COORDINATOR_ADDRESS")):
+    names = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+    given = {name: os.environ.get(name) for name in names if os.environ.get(name)}
+    if not (enabled or given) or jax.distributed.is_initialized():
         return
-    if jax.distributed.is_initialized():
+    if not given:
+        jax.distributed.initialize()
         return
-    jax.distributed.initialize()
+    if len(given) < len(names):
+        missing = ", ".join(name for name in names if name not in given)
+        raise UserError(f"{', '.join(given)} set but {missing} not: set all three (or start "
+                        "the processes with python -m experiments.launch)")
+    try:
+        count, index = int(given["JAX_NUM_PROCESSES"]), int(given["JAX_PROCESS_ID"])
+    except ValueError:
+        raise UserError(f"JAX_NUM_PROCESSES={given['JAX_NUM_PROCESSES']!r} and JAX_PROCESS_ID="
+                        f"{given['JAX_PROCESS_ID']!r} must be integers") from None
+    if not 0 <= index < count:
+        raise UserError(f"JAX_PROCESS_ID={index} must lie in [0, JAX_NUM_PROCESSES={count})")
+    jax.distributed.initialize(given["JAX_COORDINATOR_ADDRESS"], num_processes=count,
+                               process_id=index)
 
 
 def make_mesh(mesh_config, devices=None):

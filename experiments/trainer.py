@@ -244,14 +244,15 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
         num_params = sum(x.size for x in jax.tree.leaves(abstract_state.params))
         echo(f"{'Resuming from step ' + str(start_step) if restored else 'Starting'} in "
              f"{workdir}: {num_params:,} parameters, mesh {dict(mesh.shape)} over "
-             f"{mesh.devices.size} {jax.devices()[0].platform} device(s), {total_steps} steps "
-             f"of {config.batch_size} examples")
+             f"{mesh.devices.size} {jax.devices()[0].platform} device(s)"
+             + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
+             + f", {total_steps} steps of {config.batch_size} examples")
         writer = MetricsWriter(workdir, resume_step=start_step if restored else None)
         device = jax.devices()[0]
         writer.write_run_info(start_step, {
             "device": getattr(device, "device_kind", device.platform),
             "platform": device.platform, "num_devices": mesh.devices.size,
-            "jax": jax.__version__, "config": config_name or ""})
+            "num_processes": jax.process_count(), "jax": jax.__version__, "config": config_name or ""})
         bar = ProgressBar(total_steps, start_step, config.batch_size, config.progress_bar)
 
         window = []  # host metrics of the steps since the last train log

@@ -2,6 +2,7 @@
 accumulation, resume after a kill, NaN stop, device checks, optimizer pieces."""
 
 import json
+import math
 import os
 
 import flax.linen as nn
@@ -208,6 +209,39 @@ def test_max_run_seconds_stops_at_a_checkpoint_and_resumes(tmp_path):
                                  task=ToyTask())
     assert records(segmented) == records(straight)
     assert resumed["final"] == expected["final"]
+
+
+@pytest.mark.parametrize("saved_on, resumed_on", [
+    ("fsdp", "one"), ("fsdp", "fsdp4"), ("one", "fsdp+model"), ("data8", "fsdp4")])
+def test_checkpoint_resumes_on_another_mesh(tmp_path, saved_on, resumed_on):
+    """A checkpoint saved on one mesh (8 -> 1, 8 -> 4 with FSDP, 1 -> 8) resumes on another:
+    orbax restores each array into the new mesh's sharding, and the data iterator continues
+    from the saved global step, so the metrics are the uninterrupted run's (to float32
+    rounding: the reductions' order differs between meshes)."""
+    meshes = dict(MESHES, one=dict(data=1, fsdp=1, model=1), fsdp4=dict(data=1, fsdp=4, model=1))
+    count = {name: math.prod(mesh.values()) for name, mesh in meshes.items()}
+    overrides = {"num_train_steps": 6, "checkpoint_every": 2, "eval_every": 2,
+                 "optim.ema_decay": 0.9}
+
+    def run(workdir, mesh, **more):
+        config = toy_config(**overrides, **more,
+                            **{f"mesh.{axis}": size for axis, size in meshes[mesh].items()})
+        return train_and_evaluate(config, workdir, task=ToyTask(dropout=0.2),
+                                  devices=jax.devices()[:count[mesh]])
+
+    straight, moved = str(tmp_path / "straight"), str(tmp_path / "moved")
+    expected = run(straight, saved_on)
+    run(moved, saved_on, max_run_seconds=1e-9)  # stops at its first checkpoint, step 2
+    assert sorted(os.listdir(os.path.join(moved, "checkpoints"))) == ["2"]
+    resumed = run(moved, resumed_on)
+    got, want = records(moved), records(straight)
+    assert [(r["step"], r["split"]) for r in got] == [(r["step"], r["split"]) for r in want]
+    for g, w in zip(got, want):
+        assert g["metrics"].keys() == w["metrics"].keys()
+        np.testing.assert_allclose([g["metrics"][k] for k in sorted(g["metrics"])],
+                                   [w["metrics"][k] for k in sorted(w["metrics"])],
+                                   rtol=1e-5, atol=1e-7, err_msg=f"step {g['step']}")
+    assert resumed["final"]["step"] == expected["final"]["step"] == 6
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
