@@ -16,6 +16,7 @@ import os
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
 from experiments.errors import UserError
@@ -71,8 +72,12 @@ class Checkpointer:
         step = self._best.latest_step()
         if step is None:
             return None
+        # Numpy targets: read whole on the host, whatever mesh and processes saved it (without
+        # a target orbax re-creates the saved sharding, and refuses another process layout).
+        target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype),
+                              self._best.item_metadata(step)["state"])
         restored = self._best.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore()))
+            state=ocp.args.StandardRestore(target)))
         return step, restored.state["params"]
 
     def close(self):

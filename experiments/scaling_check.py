@@ -40,7 +40,6 @@ equivalence with one process is tested in ``tests/test_launch.py``.
 """
 
 import json
-import math
 import os
 import shutil
 import sys

@@ -14,7 +14,7 @@ import os
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.experimental import mesh_utils
+from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from experiments.errors import UserError
@@ -138,8 +138,22 @@ def put_batch(batch, sharding):
     contributes the slices of its own devices, so this works for any device layout, on one
     or many processes.
     """
-    def put(x):
+    return put_global(batch, jax.tree.map(lambda _: sharding, batch))
+
+
+def put_global(tree, shardings):
+    """Host arrays (the same global values on every process) -> global ``jax.Array``s with
+    ``shardings`` (a matching tree); each process fills its own devices' slices."""
+    def put(x, sharding):
         x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
-    return jax.tree.map(put, batch)
+    return jax.tree.map(put, tree, shardings)
+
+
+def to_host(tree):
+    """Global ``jax.Array``s -> whole numpy arrays on every process (gathered across processes
+    when the arrays are sharded over several)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)

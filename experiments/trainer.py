@@ -231,8 +231,8 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
         if restored is None:
             params = jax.jit(fresh_params, out_shardings=params_sharding)()
             if hasattr(task, "warm_start"):  # e.g. a pre-trained encoder, read on the host
-                params = jax.device_put(task.warm_start(jax.device_get(params)),
-                                        params_sharding)
+                params = sharding.put_global(task.warm_start(sharding.to_host(params)),
+                                             params_sharding)
             state = jax.jit(init_state, out_shardings=state_sharding)(params)
             record = {"best": None, "last_eval": None}
         else:

@@ -12,11 +12,13 @@ import jax
 import numpy as np
 import pytest
 
+from configs.glue import glue as glue_config
 from configs.lra import listops as listops_config
-from configs.vision import shapes as shapes_config
+from configs.mlm import c4 as c4_config
 from experiments import launch, sharding
 from experiments.errors import UserError
 from experiments.trainer import train_and_evaluate
+from test_glue_task import write_stand_ins  # tests/ is on sys.path (pytest's rootdir import)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,22 +112,14 @@ def test_distributed_environment_errors(monkeypatch):
         sharding.maybe_initialize_distributed(False)
 
 
-TINY = {  # config file, its module, flags: the mesh of the multi-process run (8 devices)
-    "listops": ("configs/lra/listops.py:tiny", listops_config,
-                ["--config.mesh.data=2", "--config.mesh.fsdp=4"]),
-    "shapes": ("configs/vision/shapes.py:tiny", shapes_config, ["--config.mesh.data=8"]),
-}
-
-
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_two_processes_match_one_and_resume_in_one(tmp_path, name):
-    """2 processes x 4 CPU devices train the tiny config, stopping at its first checkpoint
-    (step 2, evaluated there), with the metrics of one process on one device; this single
-    process then resumes their checkpoint on 1 device and ends with the uninterrupted run's
-    metrics."""
-    config_arg, module, mesh_flags = TINY[name]
+def test_two_processes_match_one_and_resume_in_one(tmp_path):
+    """2 processes x 4 CPU devices (mesh data=2 x fsdp=4) train the tiny ListOps config,
+    stopping at its first checkpoint (step 2, evaluated there), with the metrics of one process
+    on one device; this single process then resumes their checkpoint on 1 device and ends with
+    the uninterrupted run's metrics."""
+    config_arg = "configs/lra/listops.py:tiny"
     cache = str(tmp_path / "cache")
-    config = module.get_config(config_arg.partition(":")[2])
+    config = listops_config.get_config("tiny")
     config.data.cache_dir = cache
     one = str(tmp_path / "one")
     summary = train_and_evaluate(config, one, devices=jax.devices()[:1])
@@ -134,7 +128,8 @@ def test_two_processes_match_one_and_resume_in_one(tmp_path, name):
     moved = str(tmp_path / "moved")
     result = _launch("--processes", "2", "--platform", "cpu", "--devices_per_process", "4",
                      "--", sys.executable, "-m", "experiments.train", "--config", config_arg,
-                     f"--config.data.cache_dir={cache}", *mesh_flags, "--workdir", moved,
+                     f"--config.data.cache_dir={cache}", "--config.mesh.data=2",
+                     "--config.mesh.fsdp=4", "--workdir", moved,
                      "--config.max_run_seconds=1e-9")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "over 8 cpu device(s) in 2 processes" in result.stdout
@@ -147,3 +142,29 @@ def test_two_processes_match_one_and_resume_in_one(tmp_path, name):
     train_and_evaluate(config, moved, devices=jax.devices()[:1])
     assert [(i["num_devices"], i["num_processes"]) for i in _run_info(moved)] == [(8, 2), (1, 1)]
     _assert_same_metrics(_records(moved), _records(one))
+
+
+def test_fine_tuning_starts_from_a_checkpoint_of_another_process_layout(tmp_path):
+    """GLUE fine-tuning in 2 processes with FSDP loads the encoder of an MLM run saved by one
+    process (the warm start gathers the fresh parameters across processes and reads the
+    checkpoint on the host) and trains to one process's losses."""
+    cache, mlm = str(tmp_path / "cache"), str(tmp_path / "mlm")
+    pretrain = c4_config.get_config("tiny")
+    pretrain.data.cache_dir = cache
+    train_and_evaluate(pretrain, mlm)
+    write_stand_ins(str(tmp_path / "glue_data"))
+    flags = [f"--config.init_from={mlm}", "--config.data.source=files",
+             f"--config.data.data_dir={tmp_path / 'glue_data'}", f"--config.data.cache_dir={cache}"]
+    two = str(tmp_path / "two")
+    result = _launch("--processes", "2", "--platform", "cpu", "--devices_per_process", "4", "--",
+                     sys.executable, "-m", "experiments.train", "--config",
+                     "configs/glue/glue.py:tiny", *flags, "--config.mesh.data=2",
+                     "--config.mesh.fsdp=4", "--workdir", two)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    config = glue_config.get_config("tiny")
+    config.update(init_from=mlm)
+    config.data.update(source="files", data_dir=str(tmp_path / "glue_data"), cache_dir=cache)
+    one = str(tmp_path / "one")
+    train_and_evaluate(config, one, devices=jax.devices()[:1])
+    _assert_same_metrics(_records(two), _records(one))
