@@ -74,6 +74,10 @@ ALGORITHMS = ("sequential", "two_pass")
 # 1.4-2.3x faster than "sequential" forward+backward at L = 4K and 16K, D = 64 and 128, for the
 # causal and LION ops; its forward was within 10 % (causal, D = 128) or faster.
 DEFAULT_ALGORITHM = "two_pass"
+# Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
+# padded features of q and k add exact zeros to every q . k, the padded value columns give
+# output columns that are sliced off, so the result is the unpadded op's, gradients included.
+MIN_HEAD_DIM = 16
 
 
 def _scan(q, k, v, g, s0=None, *, algorithm=None, decay_on="key", **kwargs):
@@ -385,8 +389,8 @@ def unsupported_reason(q, k, v, log_decay=None, *, chunk_size=64, bidirectional=
             return f"{name} must be [B, L, H, D]; got shape {x.shape}"
         if x.dtype not in _FLOATS:
             return f"{name} must be float32, bfloat16 or float16; got {x.dtype}"
-        if not 16 <= x.shape[-1] <= 256:
-            return f"{name} head dim must be in [16, 256]; got {x.shape[-1]}"
+        if not 1 <= x.shape[-1] <= 256:
+            return f"{name} head dim must be in [1, 256]; got {x.shape[-1]}"
     if k.shape != q.shape:
         return f"k must have q's shape {q.shape}; got {k.shape}"
     if v.shape[:3] != q.shape[:3]:
@@ -457,16 +461,20 @@ def _chunk(chunk_size, L):
 
 
 def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None, backend=None):
-    """Common dtype, padding of L to a multiple of the chunk, and the static kernel config."""
+    """Common dtype, zero padding of L to a multiple of the chunk and of head dims below
+    :data:`MIN_HEAD_DIM` to it (callers slice ``[:, :L, :, :V]``), and the static kernel
+    config."""
     L = q.shape[1]
     chunk = _chunk(chunk_size, L)
     pad = -L % chunk
+    pad_k, pad_v = _head_pad(q), _head_pad(v)
     dtype = jnp.result_type(q, k, v)
     if log_decay is None:
         log_decay = jnp.zeros(q.shape[:3], jnp.float32)
-    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-    q, k, v = (jnp.pad(x.astype(dtype), widths) for x in (q, k, v))
-    g = jnp.pad(log_decay.astype(jnp.float32), widths[:log_decay.ndim])
+    qk_widths = ((0, 0), (0, pad), (0, 0), (0, pad_k))
+    q, k = (jnp.pad(x.astype(dtype), qk_widths) for x in (q, k))
+    v = jnp.pad(v.astype(dtype), ((0, 0), (0, pad), (0, 0), (0, pad_v)))
+    g = jnp.pad(log_decay.astype(jnp.float32), qk_widths[:log_decay.ndim])
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     if backend == "mosaic" and not interpret and not hopper():
@@ -482,6 +490,11 @@ def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None, backend=
     return q, k, v, g, cfg
 
 
+def _head_pad(x):
+    """Zero columns that bring ``x``'s head dim up to :data:`MIN_HEAD_DIM`."""
+    return max(0, MIN_HEAD_DIM - x.shape[-1])
+
+
 def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_state=None,
                             return_final_state=False, interpret=None, algorithm=None,
                             backend=None):
@@ -492,7 +505,8 @@ def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_s
 
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; float32, bfloat16 or float16, head dims in
-        [16, 256]; any L >= 1 (padded internally to a multiple of the chunk).
+        [1, 256] (below 16 zero-padded internally, exactly); any L >= 1 (padded internally
+        to a multiple of the chunk).
       log_decay: None (no decay), ``[B, L, H]`` or ``[B, L, H, K]``, entries ``<= 0``
         (float32 math).
       chunk_size: tokens per chunk, a power of two >= 16 (smaller for short L).
@@ -516,11 +530,13 @@ def causal_linear_attention(q, k, v, log_decay=None, *, chunk_size=64, initial_s
         raise ValueError(f"initial_state must be [B, H, K, V] = {(B, H, K, V)}; "
                          f"got {initial_state.shape}")
     out_dtype = v.dtype
+    pad_k, pad_v = _head_pad(q), _head_pad(v)
     q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm, backend)
-    s0 = None if initial_state is None else initial_state.astype(jnp.float32)
+    s0 = None if initial_state is None else jnp.pad(
+        initial_state.astype(jnp.float32), ((0, 0), (0, 0), (0, pad_k), (0, pad_v)))
     y, state = _causal(q, k, v, g, s0, cfg)
-    y = y[:, :L].astype(out_dtype)
-    return (y, state) if return_final_state else y
+    y = y[:, :L, :, :V].astype(out_dtype)
+    return (y, state[:, :, :K, :V]) if return_final_state else y
 
 
 def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6,
@@ -533,7 +549,7 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
 
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``; float32, bfloat16 or float16, head dims in
-        [16, 256]; any L >= 1.
+        [1, 256] (below 16 zero-padded internally, exactly); any L >= 1.
       log_decay: None (no decay) or ``[B, L, H]``, entries ``<= 0``.
       normalize: divide by the masked row sums (LION's scaling).
       eps: added to the denominator.
@@ -560,19 +576,20 @@ def bidirectional_linear_attention(q, k, v, log_decay=None, *, normalize=True, e
     if centre_values and not normalize:
         raise ValueError("pallas_kernels: centre_values=True needs normalize=True (without "
                          "the normaliser the output is linear in v and nothing cancels)")
-    L = q.shape[1]
+    L, V = q.shape[1], v.shape[-1]
     out_dtype = v.dtype
     m = None
     if centre_values:
         v, m = centred_values(v.astype(jnp.result_type(q, k, v)))
+        m = jnp.pad(m, ((0, 0), (0, 0), (0, _head_pad(v))))
     q, k, v, g, cfg = _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm, backend)
     if cfg["algorithm"] == "two_pass":
-        return _lion(q, k, v, g, m, cfg, normalize, float(eps))[:, :L].astype(out_dtype)
-    if normalize:
+        y = _lion(q, k, v, g, m, cfg, normalize, float(eps))
+    elif normalize:
         y = _bidir_normalised(q, k, v, g, m, cfg, float(eps))
     else:
         y = _bidir(q, k, v, g, cfg)
-    return y[:, :L].astype(out_dtype)
+    return y[:, :L, :, :V].astype(out_dtype)
 
 
 def centred_values(v):

@@ -99,12 +99,15 @@ CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state, algorithm
     (40, 16, 144, 16, "strong", True, "two_pass"),  # V > 128: three-scan backward
     (50, 48, 40, 16, "strong", True, "two_pass"),  # min(Kp, Vp) > 2C: states recomputed
     (70, 96, 80, 64, "strong", True, "two_pass"),  # float32 dims > 64: three-scan backward
+    (37, 4, 8, 16, "strong", True, "two_pass"),  # head dims < 16: zero-padded to 16
+    (45, 12, 4, 16, "mild", True, "sequential"),
 ]
 PER_FEATURE_CASES = [  # per-feature decay [B, L, H, K] (algorithm None: always chunk-parallel)
     (1, 16, 32, 16, "strong", False, None),
     (37, 32, 16, 16, "strong", True, None),
     (70, 16, 32, 32, "mild", True, None),
     (48, 16, 16, 16, "zero", False, None),
+    (40, 8, 12, 16, "strong", True, None),  # head dims < 16: zero-padded to 16
 ]
 
 
@@ -154,6 +157,8 @@ BIDIR_CASES = [  # L, K, V, chunk, decay, normalize, algorithm
     # with smaller chunks (fit_layout; at chunk 64 an H100 lacked the shared memory)
     (45, 256, 200, 64, "mild", True, "two_pass"),
     (33, 40, 256, 64, "strong", True, "sequential"),
+    (50, 4, 8, 16, "strong", True, "two_pass"),  # head dims < 16: zero-padded to 16
+    (33, 12, 4, 16, "mild", False, "sequential"),
 ]
 
 
@@ -499,7 +504,8 @@ def test_head_dim_not_a_power_of_two(rng):
     ("causal", dict(q_shape=(1, 8, 2)), "q must be"),
     ("causal", dict(k_shape=(1, 8, 2, 32)), "k must have"),
     ("causal", dict(v_shape=(1, 9, 2, 16)), "v must be"),
-    ("causal", dict(q_shape=(1, 8, 2, 8), k_shape=(1, 8, 2, 8)), "head dim"),
+    ("causal", dict(q_shape=(1, 8, 2, 300), k_shape=(1, 8, 2, 300)),
+     r"head dim must be in \[1, 256\]"),
     ("causal", dict(g_shape=(1, 8, 2, 5)), "log_decay must be"),
     ("bidir", dict(g_shape=(1, 8, 2, 16)), "per-feature decay is causal only"),
     ("causal", dict(algorithm="parallel"), "algorithm must be"),
