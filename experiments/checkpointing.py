@@ -29,8 +29,8 @@ class Checkpointer:
         workdir = os.path.abspath(workdir)
         self.latest_dir = os.path.join(workdir, "checkpoints")
         self.best_dir = os.path.join(workdir, "best")
-        self._latest = _manager(self.latest_dir, max_to_keep=keep)
-        self._best = _manager(self.best_dir, max_to_keep=1)
+        self._latest = _manager(self.latest_dir, max_to_keep=keep, name="latest")
+        self._best = _manager(self.best_dir, max_to_keep=1, name="best")
 
     def latest_step(self):
         """Step of the newest complete periodic checkpoint, or None."""
@@ -109,9 +109,16 @@ def load_best_run(workdir, task, program):
     return config, *restored
 
 
-def _manager(directory, max_to_keep):
+def _manager(directory, max_to_keep, name):
+    """An orbax manager whose cross-process barriers carry ``name``: the periodic and the best
+    manager both save at an evaluated checkpoint step, and with the same barrier keys their
+    asynchronous saves deadlocked a 2-process CPU run in ``close`` (orbax's
+    ``barrier_sync_key_prefix`` is for managers used concurrently)."""
     return ocp.CheckpointManager(
-        directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=name)),
         item_handlers={"state": ocp.StandardCheckpointHandler(),
                        "meta": ocp.JsonCheckpointHandler()})
 

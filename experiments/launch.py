@@ -73,7 +73,8 @@ def child_environments(*, processes, devices_per_process, platform, hosts, host_
     base = dict(os.environ if base is None else base)
     envs = []
     for local in range(processes):
-        env = dict(base, JAX_COORDINATOR_ADDRESS=coordinator,
+        env = dict(base, PYTHONUNBUFFERED=base.get("PYTHONUNBUFFERED", "1"),  # lines as printed
+                   JAX_COORDINATOR_ADDRESS=coordinator,
                    JAX_NUM_PROCESSES=str(hosts * processes),
                    JAX_PROCESS_ID=str(host_index * processes + local))
         if platform == "gpu":
