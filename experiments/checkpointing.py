@@ -111,9 +111,9 @@ def load_best_run(workdir, task, program):
 
 def _manager(directory, max_to_keep, name):
     """An orbax manager whose cross-process barriers carry ``name``: the periodic and the best
-    manager both save at an evaluated checkpoint step, and with the same barrier keys their
-    asynchronous saves deadlocked a 2-process CPU run in ``close`` (orbax's
-    ``barrier_sync_key_prefix`` is for managers used concurrently)."""
+    manager both save at an evaluated checkpoint step, and orbax's ``barrier_sync_key_prefix``
+    is for managers used concurrently. Without it a 2-process CPU run under load hung in
+    ``close`` (2026-11-26); that shared keys were the cause is inferred, not isolated."""
     return ocp.CheckpointManager(
         directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True,
