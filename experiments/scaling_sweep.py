@@ -79,6 +79,8 @@ def define_flags():
     flags.DEFINE_integer("steps", None, "Training steps per run (default: the preset's).")
     flags.DEFINE_integer("log_every", None, "Steps between logged losses (default: preset's).")
     flags.DEFINE_float("learning_rate", None, "Peak learning rate (default: the preset's).")
+    flags.DEFINE_integer("chunk_size", None, "Chunk of the linear mixers' chunked forms "
+                         "(default: 64, or the row when shorter).")
     flags.DEFINE_string("unit", scaling.PAPER_UNIT, "Compute unit of the fits.")
     flags.DEFINE_enum("flops", "table1", list(FLOPS_FORMS), "FLOPs per step: Table 1 or full.")
     flags.DEFINE_enum("convention", "non_embedding", list(scaling.CONVENTIONS),
@@ -94,7 +96,8 @@ def define_flags():
 def settings_from_flags():
     """The preset with the flags that were given over it; checks every value."""
     s = dict(PRESETS[FLAGS.preset])
-    for key in ("head_dim", "seq_len", "batch", "steps", "log_every", "learning_rate"):
+    for key in ("head_dim", "seq_len", "batch", "steps", "log_every", "learning_rate",
+                "chunk_size"):
         if getattr(FLAGS, key) is not None:
             s[key] = getattr(FLAGS, key)
     if FLAGS.archs:
@@ -113,7 +116,8 @@ def settings_from_flags():
                             f"{s['head_dim']}")
     if len(s["widths"]) < 2:
         raise UserError("--widths needs at least two widths (the envelope compares sizes)")
-    for key in ("seq_len", "batch", "steps", "log_every"):
+    s.setdefault("chunk_size", min(64, s["seq_len"]))
+    for key in ("seq_len", "batch", "steps", "log_every", "chunk_size"):
         if s[key] <= 0:
             raise UserError(f"--{key} must be positive, got {s[key]}")
     if s["steps"] < 4 * s["log_every"]:
@@ -141,7 +145,7 @@ def run_config(arch, width, s):
     layers, d, heads, glu = dims(width, s["head_dim"])
     c.model.update(size="", num_layers=layers, d_model=d, num_heads=heads, mlp_dim=glu)
     if "chunk_size" in c.model.mixer:
-        c.model.mixer.chunk_size = min(64, s["seq_len"])
+        c.model.mixer.chunk_size = s["chunk_size"]
     c.data.update(max_len=s["seq_len"], num_train=s["num_train"], num_val=max(4, s["batch"]),
                   vocab_size=s["vocab_size"], tokenizer_documents=min(20_000, s["num_train"]),
                   cache_dir=FLAGS.cache_dir)

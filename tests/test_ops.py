@@ -484,23 +484,30 @@ def test_pallas_impl_rejects_unsupported_shapes_clearly(rng):
 
 def test_auto_keeps_per_key_decay_off_the_kernels(rng, monkeypatch):
     """On a GPU, impl="auto" takes the XLA forms for a decay per key feature (the kernels'
-    backward compiles for minutes), the materialized one only within one chunk; a decay per
-    token still goes to the kernels."""
+    backward compiles for minutes) with chunks of at most ``AUTO_PER_KEY_CHUNK`` (K masks of
+    C x C compiled for minutes at C = 64), the materialized one only within one such chunk;
+    a decay per token still goes to the kernels with the caller's chunk size; an explicit
+    impl keeps it too."""
     from lion_jax.ops import api
     if api._kernels_module() is None:
         pytest.skip("pallas_kernels not importable")
+    c = api.AUTO_PER_KEY_CHUNK
+    assert c == 16
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     q = jnp.zeros((1, 300, 2, 16), jnp.float32)
     per_key = -jnp.ones((1, 300, 2, 16), jnp.float32)
-    assert api._resolve_impl("auto", q, q, q, per_key, 64, False) == "chunk"
-    assert api._resolve_impl("auto", q[:, :40], q[:, :40], q[:, :40], per_key[:, :40], 64,
-                             False) == "attention"
-    assert api._resolve_impl("auto", q, q, q, per_key[..., 0], 64, False) == "pallas"
-    # per key feature, past one chunk: chunked (K masks of C x C, not of L x L)
-    assert api._resolve_impl("auto", q[:, :256], q[:, :256], q[:, :256], per_key[:, :256], 64,
-                             False) == "chunk"
+
+    def resolve(length, decay, impl="auto", chunk_size=64):
+        x = q[:, :length]
+        return api._resolve_impl(impl, x, x, x, None if decay is None else decay[:, :length],
+                                 chunk_size, False)
+
+    assert resolve(300, per_key) == ("chunk", c)
+    assert resolve(c, per_key) == ("attention", c)
+    assert resolve(c + 1, per_key) == ("chunk", c)
+    assert resolve(300, per_key, chunk_size=8) == ("chunk", 8)  # a smaller chunk is kept
+    assert resolve(300, per_key[..., 0]) == ("pallas", 64)
+    assert resolve(300, per_key, impl="chunk") == ("chunk", 64)
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    assert api._resolve_impl("auto", q[:, :256], q[:, :256], q[:, :256], per_key[:, :256], 64,
-                             False) == "chunk"
-    assert api._resolve_impl("auto", q[:, :256], q[:, :256], q[:, :256], None, 64,
-                             False) == "attention"
+    assert resolve(256, per_key) == ("chunk", c)
+    assert resolve(256, None) == ("attention", 64)

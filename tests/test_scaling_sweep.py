@@ -18,7 +18,8 @@ def _sweep(*args):
 
 def test_smoke_sweep_fits_and_resumes(tmp_path):
     out = tmp_path / "sweep"
-    args = ("--out", str(out), "--preset", "smoke", "--cache_dir", str(tmp_path / "cache"))
+    args = ("--out", str(out), "--preset", "smoke", "--cache_dir", str(tmp_path / "cache"),
+            "--chunk_size", "16")
     result = _sweep(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     for name in ("table.md", "figure1.png", "fits.json", "points.jsonl"):
@@ -35,6 +36,8 @@ def test_smoke_sweep_fits_and_resumes(tmp_path):
     assert len(points) == 2 * 3 * 11  # archs x widths x logged steps 4, 6, ..., 24 (after warmup)
     for p in points:
         assert p["tokens"] == p["step"] * 8 * 32 and p["flops"] > 0 and p["loss"] > 0
+    run_config = json.loads((out / "runs" / "tnl_d16" / "config.json").read_text())
+    assert run_config["model"]["mixer"]["chunk_size"] == 16
     table = (out / "table.md").read_text()
     assert "| llama |" in table and "| tnl |" in table and "equal compute" in table
     # the same command again: every run is finished, nothing retrains, same fits
@@ -47,7 +50,8 @@ def test_bad_flags_one_error_line(tmp_path):
     for flags, message in ((["--archs", "gpt"], "unknown --archs ['gpt']"),
                            (["--widths", "20"], "width 20 must be a positive multiple"),
                            (["--unit", "tflops"], "unknown --unit 'tflops'"),
-                           (["--steps", "4"], "fewer than 4 logged losses")):
+                           (["--steps", "4"], "fewer than 4 logged losses"),
+                           (["--chunk_size", "0"], "--chunk_size must be positive")):
         result = _sweep("--out", str(tmp_path / "x"), "--preset", "smoke", *flags)
         assert result.returncode != 0
         lines = result.stderr.strip().splitlines()

@@ -26,6 +26,12 @@ IMPLS = ("attention", "recurrent", "chunk", "pallas", "auto")
 
 # impl="auto" without usable kernels: the materialized form up to this length, chunked beyond.
 AUTO_ATTENTION_MAX_LEN = 256
+# impl="auto" with a decay per key feature: chunks of at most this many tokens. The chunked
+# form holds K masks of C x C; at C = 64 XLA's GPU compile of an HGRN2 train or eval step
+# took 3 minutes (d = 96) to over 7 (d = 192, stopped), at C = 16 each whole 400-step run
+# took 26-41 s (one H100, experiments.scaling_sweep --archs hgrn2 --chunk_size 16,
+# 2026-11-26).
+AUTO_PER_KEY_CHUNK = 16
 
 _CAUSAL_FORMS = {"attention": attention.causal, "recurrent": recurrent.causal}
 _BIDIRECTIONAL_FORMS = {"attention": attention.bidirectional, "recurrent": recurrent.bidirectional}
@@ -82,8 +88,8 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
     value_decay = log_decay is not None and log_decay.ndim == 4
     if orders is not None:
         orders = orders_lib.check_orders(name, orders, q.shape[1])
-    impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize,
-                         value_decay=value_decay)
+    impl, chunk_size = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize,
+                                     value_decay=value_decay)
     if orders is not None and impl != "attention":
         return _lion_in_orders(q, k, v, log_decay, orders, impl, normalize, eps, chunk_size)
     if impl == "pallas" and value_decay:
@@ -212,7 +218,7 @@ def causal_linear_attention(q, k, v, log_decay=None, *, normalize=False, eps=1e-
                                      return_final_state)
     B, L, H, K = q.shape
     _check_state(name, initial_state, normalize, (B, H, K, v.shape[-1]))
-    impl = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize)
+    impl, chunk_size = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize)
 
     out_dtype = v.dtype
     state = initial_state
@@ -331,12 +337,14 @@ def _kernels(name):
 
 
 def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, value_decay=False):
-    """The form for impl="auto": the Pallas kernels on a GPU when they take these inputs (``v``
-    as the kernels see it: one column wider when normalising, or twice as wide with a decay
-    per value feature; never the per-key-feature ones), else the materialized form for short
-    sequences and the chunked one beyond (beyond one chunk, for a decay per key feature)."""
+    """The form and chunk size for impl="auto": the Pallas kernels on a GPU when they take
+    these inputs (``v`` as the kernels see it: one column wider when normalising, or twice as
+    wide with a decay per value feature; never the per-key-feature ones), else the
+    materialized form for short sequences and the chunked one beyond; with a decay per key
+    feature, chunks of at most :data:`AUTO_PER_KEY_CHUNK` (the materialized form up to one
+    such chunk). Any other ``impl`` keeps ``chunk_size``. Returns ``(impl, chunk_size)``."""
     if impl != "auto":
-        return impl
+        return impl, chunk_size
     kernels = _kernels_module()
     per_key = log_decay is not None and log_decay.ndim == 4 and not value_decay
     # Not the per-key-feature kernels: on an H100 the XLA compile of their backward was still
@@ -352,13 +360,11 @@ def _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize, *, value_deca
                                           v.dtype)
             reason = kernels.unsupported_reason(q, k, v_seen, log_decay, chunk_size=chunk_size)
         if reason is None:
-            return "pallas"
-    if per_key:  # the materialized form holds K masks of L x L, the chunked one K of C x C.
-        # An HGRN2 eval step on the materialized form (L = 256, K = 32) sat over 6 minutes in
-        # XLA's GPU compile (H200, experiments.scaling_sweep, 2026-11-26); that the chunked
-        # form compiles faster there is not yet measured.
-        return "attention" if q.shape[1] <= chunk_size else "chunk"
-    return "attention" if q.shape[1] <= AUTO_ATTENTION_MAX_LEN else "chunk"
+            return "pallas", chunk_size
+    if per_key:
+        chunk_size = min(chunk_size, AUTO_PER_KEY_CHUNK)
+        return ("attention" if q.shape[1] <= chunk_size else "chunk"), chunk_size
+    return ("attention" if q.shape[1] <= AUTO_ATTENTION_MAX_LEN else "chunk"), chunk_size
 
 
 def _value_decay_kernel(name, q, k, v, log_decay, normalize, eps):
