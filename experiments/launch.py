@@ -128,10 +128,10 @@ def resolve(args):
         _fail(f"--processes ({args.processes}) and --devices_per_process "
               f"({args.devices_per_process}) must be at least 1")
     if args.platform == "gpu" and args.processes * args.devices_per_process > len(gpus):
+        source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ else "nvidia-smi -L"
         _fail(f"{args.processes} processes x {args.devices_per_process} GPUs need "
               f"{args.processes * args.devices_per_process} GPUs; this host has {len(gpus)} "
-              f"({'CUDA_VISIBLE_DEVICES' if 'CUDA_VISIBLE_DEVICES' in os.environ else 'nvidia-smi -L'}"
-              "); lower --processes, or use --platform cpu")
+              f"({source}); lower --processes, or use --platform cpu")
     if args.hosts < 1 or not 0 <= args.host_index < args.hosts:
         _fail(f"--host_index {args.host_index} must lie in [0, --hosts {args.hosts})")
     if args.coordinator is None:

@@ -252,7 +252,8 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
         writer.write_run_info(start_step, {
             "device": getattr(device, "device_kind", device.platform),
             "platform": device.platform, "num_devices": mesh.devices.size,
-            "num_processes": jax.process_count(), "jax": jax.__version__, "config": config_name or ""})
+            "num_processes": jax.process_count(), "jax": jax.__version__,
+            "config": config_name or ""})
         bar = ProgressBar(total_steps, start_step, config.batch_size, config.progress_bar)
 
         window = []  # host metrics of the steps since the last train log

@@ -439,7 +439,8 @@ def _check_log_decay(name, log_decay, q, *, per_key=False, per_value=None):
 def _check_options(name, impl, chunk_size, eps):
     if impl not in IMPLS:
         raise ValueError(f"{name}: impl must be one of {IMPLS}, got {impl!r}")
-    if not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool) or chunk_size < 1:
+    if (not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool)
+            or chunk_size < 1):
         raise ValueError(f"{name}: chunk_size must be a positive int, got {chunk_size!r}")
     if not eps >= 0:
         raise ValueError(f"{name}: eps must be >= 0, got {eps!r}")
