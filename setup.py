@@ -27,9 +27,12 @@ setup(
         "tokenizers>=0.20",  # WordPiece for the MLM data (encode_batch_fast: 0.20)
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "pillow>=10", "matplotlib>=3.8"],
+        # jax-linear-attention: the jla peer of experiments.bench_kernels (its rows are tested)
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "pillow>=10", "matplotlib>=3.8",
+                 "jax-linear-attention>=0.1.0"],
         "data": ["tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16", "pillow>=10"],
-        "gpu": ["jax[cuda13]>=0.11.2", "matplotlib>=3.8", "torch>=2.5", "fla-core>=0.6.0"],
+        "gpu": ["jax[cuda13]>=0.11.2", "matplotlib>=3.8", "torch>=2.5", "fla-core>=0.6.0",
+                "jax-linear-attention>=0.1.0"],
         "notebooks": ["jupyter", "matplotlib>=3.8"],
     },
     classifiers=[

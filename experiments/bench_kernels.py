@@ -8,16 +8,22 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
   ours      pallas_kernels.causal_linear_attention (per-token log_decay) and
             pallas_kernels.bidirectional_linear_attention (LION, per-token decay, normalised),
             each with algorithm="sequential" (_seq) and "two_pass" (_2pass: backend=None,
-            i.e. Mosaic GPU states walks on Hopper; _2pass_triton: every kernel Triton); the
-            causal op with per-feature decay [B, L, H, K] (pallas_causal_per_feature)
+            i.e. Mosaic GPU states walks on Hopper; _2pass_triton: every kernel Triton); LION
+            non-normalised (pallas_lion_plain); the causal op with per-feature decay
+            [B, L, H, K] (pallas_causal_per_feature)
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
+  jla       jax-linear-attention 0.1.0 (``jla.ops.linear_attention``, impl="auto": its Mosaic
+            GPU kernels where it has them): simple_gla (per-token decay), gla (per-feature
+            decay), and LION non-normalised from two simple_gla passes, as a user of a
+            causal-only library builds it (``lion_jax.ops._utils.bidirectional_from_causal``)
   cuDNN     jax.nn.dot_product_attention(..., implementation="cudnn"), causal and not
   XLA       lion_jax.ops.*(impl="chunk") (skipped with a note when missing)
-Median of ``--reps`` samples after warm-up: JAX as the mean of 5 back-to-back calls waited for
-once (``time_jax``), torch with CUDA events around each call. Memory: XLA's compiled temp +
-output bytes for JAX, the peak allocated above the inputs for torch. Prints a table of times,
+Every side is timed the same way: median of ``--reps`` samples after warm-up, each sample the
+mean of 5 back-to-back calls with one wait for the device at the end (``time_jax``,
+``time_torch``). Memory: XLA's compiled temp + output bytes for JAX, the peak allocated above
+the inputs for torch. Prints a table of times,
 the speed ratios against the peers and LION's cost against our causal op (its acceptance bound
 is 2x), and writes results.json, results.md and results.png under --out (rewritten after every
 row, so a timeout keeps what was measured).
@@ -64,8 +70,10 @@ def time_jax(fn, args, reps, inner=5):
     return statistics.median(times) * 1e3, mib
 
 
-def time_torch(fn, reps):
-    """(median ms, peak MiB above what was allocated before) of a torch callable."""
+def time_torch(fn, reps, inner=5):
+    """(median ms, peak MiB above what was allocated before) of a torch callable, timed as
+    :func:`time_jax` times JAX: each of ``reps`` samples runs ``inner`` calls back to back and
+    synchronizes once."""
     import torch
     start = time.perf_counter()
     fn()
@@ -78,13 +86,12 @@ def time_torch(fn, reps):
     torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / inner)
+    return statistics.median(times) * 1e3, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def jax_cases(quick):
@@ -101,6 +108,8 @@ def jax_cases(quick):
         pallas_kernels.bidirectional_linear_attention(q, k, v, g, backend="triton"))
     if quick:
         return cases
+    cases["pallas_lion_plain"] = lambda q, k, v, g: (  # non-normalised (LION-RETNET's form)
+        pallas_kernels.bidirectional_linear_attention(q, k, v, g, normalize=False))
     cases["pallas_causal_per_feature"] = lambda q, k, v, g: (
         pallas_kernels.causal_linear_attention(
             q, k, v, jnp.broadcast_to(g[..., None], q.shape)))
@@ -110,6 +119,7 @@ def jax_cases(quick):
         "cudnn_full": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, implementation="cudnn"),
     })
+    cases.update(jla_cases())
     try:
         from lion_jax import ops
         cases["xla_chunk_causal"] = lambda q, k, v, g: ops.causal_linear_attention(
@@ -118,6 +128,28 @@ def jax_cases(quick):
     except (ImportError, AttributeError) as e:
         print(f"note: lion_jax.ops chunk forms unavailable ({e}); XLA rows skipped")
     return cases
+
+
+def jla_cases():
+    """{name: fn(q, k, v, g)} for jla's ops (g: ``[B, L, H]`` log-decays; per feature
+    broadcast to ``[B, L, H, K]``), ``scale=1`` as ours; {} with a note without jla."""
+    try:
+        from jla.ops import linear_attention
+    except ImportError as e:
+        print(f"note: jla unavailable ({e}); jla rows skipped (pip install "
+              "jax-linear-attention==0.1.0)")
+        return {}
+    from lion_jax.ops._utils import bidirectional_from_causal
+
+    def simple_gla(q, k, v, g):
+        return linear_attention("simple_gla", q, k, v, g=g, scale=1.0)
+
+    return {
+        "jla_simple_gla": lambda q, k, v, g: simple_gla(q, k, v, g)[0],
+        "jla_gla": lambda q, k, v, g: linear_attention(
+            "gla", q, k, v, g=jnp.broadcast_to(g[..., None], q.shape), scale=1.0)[0],
+        "jla_lion_2pass": lambda q, k, v, g: bidirectional_from_causal(simple_gla, q, k, v, g),
+    }
 
 
 def cap_triton_autotune(n):
@@ -315,7 +347,10 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
      for peer in ("fla_simple_gla_gamma", "fla_simple_gla_g", "fla_linear_attn", "cudnn_causal",
                   "xla_chunk_causal")] + [
     (f"pallas_lion_{a}", peer) for a in ("seq", "2pass")
-    for peer in ("cudnn_full", "xla_chunk_lion")]
+    for peer in ("cudnn_full", "xla_chunk_lion")] + [
+    ("pallas_causal_2pass", "jla_simple_gla"), ("pallas_causal_seq", "jla_simple_gla"),
+    ("pallas_causal_per_feature", "jla_gla"), ("pallas_lion_plain", "jla_lion_2pass"),
+    ("pallas_lion_plain", "cudnn_full")]
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op
 COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}") for a in ("2pass", "seq", "2pass_triton")]
 

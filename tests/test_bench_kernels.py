@@ -1,0 +1,68 @@
+"""experiments/bench_kernels.py on CPU: the jla peer rows compute what our ops compute (so the
+benchmark compares equal work), and the report pairs them with ours.
+
+jla (``jax-linear-attention``, a test extra) runs its plain-JAX implementations here; on a GPU
+the same calls take its Mosaic GPU kernels."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import bench_kernels
+from lion_jax import ops
+
+RTOL = 1e-5  # float32 (ARCHITECTURE.md)
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.fixture
+def shapes_and_inputs(rng):
+    B, L, H, D = 2, int(rng.integers(37, 80)), 3, 8
+    q, k, v, _, g = bench_kernels.inputs(B, L, H, D, rng)
+    g = g * 10  # log-decays down to -1: the masks span several orders of magnitude
+    return [jnp.asarray(x) for x in (q, k, v, g)]
+
+
+def test_jla_rows_compute_our_ops(shapes_and_inputs):
+    q, k, v, g = shapes_and_inputs
+    cases = bench_kernels.jla_cases()
+    assert sorted(cases) == ["jla_gla", "jla_lion_2pass", "jla_simple_gla"]
+    with jax.default_matmul_precision("float32"):
+        causal = ops.causal_linear_attention(q, k, v, g, impl="attention")
+        per_feature = ops.causal_linear_attention(
+            q, k, v, jnp.broadcast_to(g[..., None], q.shape), impl="attention")
+        lion = ops.lion_attention(q, k, v, g, normalize=False, impl="attention")
+        got = {name: jax.jit(fn)(q, k, v, g) for name, fn in cases.items()}
+    for name, want in (("jla_simple_gla", causal), ("jla_gla", per_feature),
+                       ("jla_lion_2pass", lion)):
+        assert not np.isnan(np.asarray(got[name])).any(), name
+        assert rel_err(got[name], want) <= RTOL, (name, rel_err(got[name], want))
+
+
+def test_jla_rows_have_gradients(shapes_and_inputs):
+    q, k, v, g = shapes_and_inputs
+    fn = bench_kernels.jla_cases()["jla_lion_2pass"]
+    dy = jnp.ones_like(v)
+    with jax.default_matmul_precision("float32"):
+        grads = jax.grad(lambda *a: jnp.sum(fn(*a) * dy), argnums=(0, 1, 2, 3))(q, k, v, g)
+        want = jax.grad(lambda *a: jnp.sum(ops.lion_attention(
+            *a, normalize=False, impl="attention") * dy), argnums=(0, 1, 2, 3))(q, k, v, g)
+    for got, ref in zip(grads, want):
+        assert rel_err(got, ref) <= 1e-4
+
+
+def test_report_pairs_ours_with_jla():
+    rows = [dict(op=op, kind=kind, L=4096, D=64, ms=ms, mib=None)
+            for op, ms in (("pallas_causal_2pass", 1.0), ("jla_simple_gla", 1.5),
+                           ("pallas_causal_per_feature", 2.0), ("jla_gla", 1.0),
+                           ("pallas_lion_plain", 1.0), ("jla_lion_2pass", 3.0))
+            for kind in ("fwd", "fwd+bwd")]
+    table = bench_kernels.markdown(rows, "# test")
+    assert "| pallas_causal_2pass vs jla_simple_gla | fwd | 64 | 1.50 |" in table
+    assert "| pallas_causal_per_feature vs jla_gla | fwd+bwd | 64 | 0.50 |" in table
+    assert "| pallas_lion_plain vs jla_lion_2pass | fwd+bwd | 64 | 3.00 |" in table
