@@ -226,3 +226,35 @@ def test_one_hot_embed_matches_take(rng):
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="must be integers"):
         one_hot.apply(params, ids.astype(jnp.float32))
+
+
+def test_float32_gather_embed_matches_take(rng):
+    """Embed gives nn.Embed's output exactly in bfloat16 (the cast is elementwise), and its
+    gradient is the float32 sum of the bfloat16 cotangents (nn.Embed in float32 given those
+    cotangents); ids are drawn with heavy repeats (one id at half the positions, as [MASK] or
+    [PAD] are)."""
+    from lion_jax.layers.embed import Embed
+
+    vocab, rows, feats = 37, 4, 24
+    ids = rng.integers(0, vocab, size=(rows, 29))
+    ids[rng.random(ids.shape) < 0.5] = int(rng.integers(vocab))
+    ids = jnp.asarray(ids, jnp.int32)
+    cot = jnp.asarray(rng.normal(size=(*ids.shape, feats)), jnp.float32)
+    ours, theirs = Embed(vocab, feats, dtype=jnp.bfloat16), nn.Embed(vocab, feats,
+                                                                      dtype=jnp.bfloat16)
+    params = theirs.init(jax_key(rng), ids)
+    out_ours, out_theirs = ours.apply(params, ids), theirs.apply(params, ids)
+    assert out_ours.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out_ours, np.float32),
+                                  np.asarray(out_theirs, np.float32))
+    loss = lambda m: lambda p: jnp.sum(m.apply(p, ids).astype(jnp.float32) * cot)  # noqa: E731
+    grad = jax.grad(loss(ours))(params)["params"]["embedding"]
+    assert grad.dtype == jnp.float32 and np.all(np.isfinite(grad))
+    cot = cot.astype(jnp.bfloat16).astype(jnp.float32)  # what reaches the float32 rows
+    expected = jax.grad(loss(nn.Embed(vocab, feats)))(params)["params"]["embedding"]
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-5)
+    x = jnp.asarray(rng.normal(size=(rows, feats)), jnp.float32)
+    np.testing.assert_array_equal(ours.apply(params, x, method="attend"),
+                                  theirs.apply(params, x, method="attend"))
+    with pytest.raises(ValueError, match="must be integers"):
+        ours.apply(params, ids.astype(jnp.float32))

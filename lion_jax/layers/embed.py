@@ -1,4 +1,5 @@
-"""Token embedding for small vocabularies, as a one-hot matrix product."""
+"""Token embeddings whose gradients avoid slow scatter-adds: a float32 gather (any vocabulary)
+and a one-hot matrix product (small vocabularies)."""
 
 import flax.linen as nn
 import jax
@@ -26,3 +27,25 @@ class OneHotEmbed(nn.Embed):
         one_hot = jax.nn.one_hot(inputs, self.num_embeddings, dtype=embedding.dtype)
         return jnp.dot(one_hot, embedding, precision=jax.lax.Precision.HIGHEST
                        if embedding.dtype == jnp.float32 else None)
+
+
+class Embed(nn.Embed):
+    """``nn.Embed`` (same parameter, same output) that gathers rows of the ``param_dtype``
+    table and casts them to ``dtype`` afterwards.
+
+    ``nn.Embed`` casts the whole table to ``dtype`` and gathers from it, so in bfloat16 its
+    gradient is a bfloat16 scatter-add, which the GPU does with compare-and-swap loops; tokens
+    that share an id (``[MASK]``, ``[PAD]``, frequent words) pile onto the same row. Measured on
+    one H100 for the MLM ``small`` config (128 rows of 128 tokens, vocabulary 8,192, d_model 256,
+    ``python -m experiments.profile_train --config configs/mlm/c4.py:small``): one
+    ``input_scatter_fusion`` took 221 of 225 ms of device time per train step. Gathering from
+    the float32 table makes the gradient a float32 scatter-add (native atomics); the output
+    is the same numbers, since the cast is elementwise. ``attend`` is ``nn.Embed``'s.
+    """
+
+    def __call__(self, inputs: jnp.ndarray) -> jnp.ndarray:
+        """``inputs [...]`` integer ids -> ``[..., features]`` in ``dtype``."""
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            raise ValueError(f"token ids must be integers; got {inputs.dtype}")
+        rows = jnp.take(self.embedding, inputs, axis=0)
+        return rows if self.dtype is None else rows.astype(self.dtype)

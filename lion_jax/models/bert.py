@@ -43,6 +43,7 @@ from flax.core import FrozenDict
 
 from lion_jax.layers.block import MIXERS, make_mixer, model_mixer_kwargs
 from lion_jax.layers.cosformer2 import Tpe
+from lion_jax.layers.embed import Embed, OneHotEmbed
 from lion_jax.layers.mlp import Mlp
 from lion_jax.layers.norms import check_norm, make_norm
 
@@ -219,13 +220,13 @@ class BertEncoder(nn.Module):
     def setup(self):
         dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         D = self.d_model
-        self.token_embed = nn.Embed(self.vocab_size, D, embedding_init=_embed_init(
+        self.token_embed = Embed(self.vocab_size, D, embedding_init=_embed_init(
             ("vocab", "embed")), **dtypes)
         if self.pos_emb == "learned":
             self.pos_embedding = self.param("pos_embedding", _embed_init((None, "embed")),
                                             (self.max_len, D), self.param_dtype)
         if self.type_vocab_size:
-            self.type_embed = nn.Embed(self.type_vocab_size, D, embedding_init=_embed_init(
+            self.type_embed = OneHotEmbed(self.type_vocab_size, D, embedding_init=_embed_init(
                 (None, "embed")), **dtypes)
         if self.pos_emb == "tpe":
             self.tpe = Tpe(state_dim=self.head_dim or D // self.num_heads, **dtypes)
