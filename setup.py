@@ -28,8 +28,9 @@ setup(
     ],
     extras_require={
         # jax-linear-attention: the jla peer of experiments.bench_kernels (its rows are tested)
+        # scikit-learn: the GLUE metrics are checked against sklearn.metrics
         "test": ["pytest>=8", "pytest-xdist>=3.5", "pillow>=10", "matplotlib>=3.8",
-                 "jax-linear-attention>=0.1.0"],
+                 "jax-linear-attention>=0.1.0", "scikit-learn>=1.4"],
         "data": ["tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16", "pillow>=10"],
         "gpu": ["jax[cuda13]>=0.11.2", "matplotlib>=3.8", "torch>=2.5", "fla-core>=0.6.0",
                 "jax-linear-attention>=0.1.0"],

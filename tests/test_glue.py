@@ -73,6 +73,27 @@ def test_classification_metrics_match_independent_ones(rng, num_classes):
                     scipy.stats.pearsonr(preds, labels)[0], abs=1e-10)
 
 
+
+@pytest.mark.parametrize("num_classes", [2, 3])
+def test_metrics_match_scikit_learn_on_random_predictions(rng, num_classes):
+    """Accuracy, F1 (binary, class 1) and Matthews against sklearn.metrics on random
+    predictions, constant predictions included (correlations: test_correlations_match_scipy)."""
+    from sklearn import metrics
+
+    for _ in range(20):
+        n = int(rng.integers(2, 400))
+        labels = rng.integers(0, num_classes, n)
+        preds = rng.integers(0, num_classes, n)
+        if rng.random() < 0.2:
+            preds = np.full(n, rng.integers(0, num_classes))
+        assert gm.accuracy(preds, labels) == pytest.approx(
+            metrics.accuracy_score(labels, preds), abs=1e-12)
+        assert gm.matthews(preds, labels) == pytest.approx(
+            metrics.matthews_corrcoef(labels, preds), abs=1e-10)
+        if num_classes == 2:
+            assert gm.f1(preds, labels) == pytest.approx(
+                metrics.f1_score(labels, preds, zero_division=0.0), abs=1e-12)
+
 def test_correlations_match_scipy(rng):
     for trial in range(20):
         n = int(rng.integers(2, 400))
