@@ -43,6 +43,14 @@ def _chunks(x, chunk):
     return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
 
 
+# Per-feature decay sums its pairs in chunks of at most this many tokens, whatever the caller's
+# chunk: each step holds a [B, H, C, C, K] tile, and at C = 64 XLA's GPU compile of a fwd+bwd
+# program ran for over 5 minutes (`bench_kernels`, pallas_causal_per_feature, D = 64, L = 4096,
+# one H100, 2026-11-26), as it did for HGRN2's XLA chunked form, whose steps compiled in
+# 26-41 s at C = 16 (lion_jax.ops.api.AUTO_PER_KEY_CHUNK). The sums do not depend on the chunk.
+PER_FEATURE_CHUNK = 16
+
+
 def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_state=None):
     """d log_decay of causal linear attention, ``[B, L, H]`` (scalar decay) or ``[B, L, H, K]``
     (per key feature) float32, as ``log_decay``.
@@ -50,7 +58,7 @@ def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_sta
     Per feature, every term is resolved by key feature: ``P_ijk = q_ik k_jk exp(A_ik - A_jk)
     (do_i . v_j)``, summed over the pairs ``j < t <= i`` for ``dlog_decay_tk``. The pairs inside
     a chunk then take a ``[B, H, C, C, K]`` float32 tile per step of the forward walk (scalar
-    decay: ``[B, H, C, C]``, from ``(q_i . k_j)``).
+    decay: ``[B, H, C, C]``, from ``(q_i . k_j)``), with C at most :data:`PER_FEATURE_CHUNK`.
 
     Args:
       q, k: ``[B, L, H, K]``; v, do: ``[B, L, H, V]`` (do: the output's cotangent); L a
@@ -62,6 +70,8 @@ def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_sta
     B, L, H, K = q.shape
     V = v.shape[-1]
     per_feature = log_decay.ndim == 4
+    if per_feature:
+        chunk = min(chunk, PER_FEATURE_CHUNK)
     Q, Kc, Vc, DO = (_chunks(x, chunk) for x in (q, k, v, do))  # [N, B, H, C, D]
     a = _chunks(log_decay, chunk)  # [N, B, H, C, F]: F = K per feature, else 1
     a = a if per_feature else a[..., None]

@@ -105,7 +105,8 @@ CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state, algorithm
 PER_FEATURE_CASES = [  # per-feature decay [B, L, H, K] (algorithm None: always chunk-parallel)
     (1, 16, 32, 16, "strong", False, None),
     (37, 32, 16, 16, "strong", True, None),
-    (70, 16, 32, 32, "mild", True, None),
+    (70, 16, 32, 32, "mild", True, None),  # pair sums in chunks of 16 (PER_FEATURE_CHUNK)
+    (90, 16, 16, 64, "strong", True, None),
     (48, 16, 16, 16, "zero", False, None),
     (40, 8, 12, 16, "strong", True, None),  # head dims < 16: zero-padded to 16
 ]
