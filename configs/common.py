@@ -113,10 +113,11 @@ def lra_lion_s_mixer():
 def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
               input_encoding="embed"):
     """The LRA classifier of every task: pre-norm LION-S blocks, MLP width ``2 * d_model``,
-    LayerNorm, mean pooling, no positions (LION-S orders tokens by its decay), bf16 compute."""
+    LayerNorm, mean pooling, no positions (LION-S orders tokens by its decay), bf16 compute.
+    ``channel_mixer="half_glu"`` swaps each block's MLP for S5's one-branch GELU + half-GLU."""
     return ml_collections.ConfigDict(dict(
         d_model=d_model, num_layers=num_layers, num_heads=num_heads, mlp_dim=2 * d_model,
-        dropout=dropout, pooling="mean", pos_emb="none", max_len=max_len, norm="layernorm",
+        channel_mixer="mlp", dropout=dropout, pooling="mean", pos_emb="none", max_len=max_len, norm="layernorm",
         input_encoding=input_encoding, mixer_kind="lion", mixer=lra_lion_s_mixer(),
         dtype="bfloat16", param_dtype="float32"))
 

@@ -140,6 +140,7 @@ def test_sinusoidal_embedding():
     (dict(d_model=15), "not divisible"),
     (dict(norm="batchnorm"), "unknown norm"),
     (dict(mixer=dict(num_heads=4)), "not in mixer"),
+    (dict(channel_mixer="glu"), "unknown channel_mixer"),
 ])
 def test_bad_config_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -258,3 +259,36 @@ def test_float32_gather_embed_matches_take(rng):
                                   theirs.apply(params, x, method="attend"))
     with pytest.raises(ValueError, match="must be integers"):
         ours.apply(params, ids.astype(jnp.float32))
+
+
+def test_half_glu_blocks_are_s5_layers(rng):
+    """channel_mixer="half_glu": one residual branch per block, x + h * sigmoid(Dense(h)) with
+    h = gelu(mixer(norm(x))), and no MLP; the classifier trains (finite gradients everywhere)."""
+    from lion_jax.layers.block import MIXERS, ResidualBlock
+    from lion_jax.layers.norms import make_norm
+
+    model = make_model(channel_mixer="half_glu", num_layers=1)
+    tokens = random_tokens(rng)
+    params = nn.unbox(model.init(jax_key(rng), tokens, train=False))["params"]
+    block = params["block_0"]
+    assert set(block) == {"mixer_norm", "mixer", "glu"}, sorted(block)
+
+    x = jnp.asarray(rng.normal(size=(B, L, 16)), jnp.float32)
+    mask = jnp.ones((B, L), bool)
+    got = ResidualBlock(model._mixer_kwargs(), 32, channel_mixer="half_glu").apply(
+        {"params": block}, x, mask)
+    normed = make_norm("layernorm").apply({"params": block["mixer_norm"]}, x)
+    h = jax.nn.gelu(MIXERS["lion"](**model._mixer_kwargs()).apply(
+        {"params": block["mixer"]}, normed, mask))
+    gate = h @ block["glu"]["kernel"] + block["glu"]["bias"]
+    np.testing.assert_allclose(got, x + h * jax.nn.sigmoid(gate), rtol=1e-5, atol=1e-5)
+
+    labels = jnp.asarray(rng.integers(0, CLASSES, B))
+
+    def loss(p):
+        logits = model.apply({"params": p}, tokens, train=False)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+    grads = jax.grad(loss)(params)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
+    assert float(jnp.abs(grads["block_0"]["glu"]["kernel"]).sum()) > 0

@@ -13,7 +13,8 @@ from lion_jax.layers.norms import check_norm, make_norm
 from lion_jax.layers.softmax import SoftmaxAttention
 
 MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention, "lightnet": LightNetAttention}
-CHANNEL_MIXERS = ("mlp", "swiglu")  # GELU MLP (ViT, BERT); SwiGLU (LightNet's GLU)
+# GELU MLP (ViT, BERT); SwiGLU (LightNet's GLU); S5's one-branch GELU + half-GLU (its LRA layer)
+CHANNEL_MIXERS = ("mlp", "swiglu", "half_glu")
 # set by the model that holds the mixer, never in its ``mixer`` keyword arguments
 RESERVED_MIXER_KEYS = ("num_heads", "head_dim", "dtype", "param_dtype")
 
@@ -63,7 +64,12 @@ class ResidualBlock(nn.Module):
         x = x + DropPath(Dropout(Mlp(Norm(x))))
 
     (``Mlp`` is the GELU MLP, or with ``channel_mixer="swiglu"`` a SwiGLU of the same hidden
-    width, LightNet's GLU layer.)
+    width, LightNet's GLU layer.) ``channel_mixer="half_glu"`` is the layer of S5's LRA models
+    (Smith et al. 2023, its ``half_glu1`` activation), whose model sizes the LION paper's LRA
+    runs take (App. D.2): one residual branch and no MLP (``mlp_dim`` unused)::
+
+        h = Dropout(gelu(Mixer(Norm(x), mask)))
+        x = x + DropPath(Dropout(h * sigmoid(Dense(h))))
 
     Attributes:
       mixer: keyword arguments of the mixer (``num_heads``, ``head_dim``, ``variant``,
@@ -71,7 +77,7 @@ class ResidualBlock(nn.Module):
       mlp_dim: hidden width of the MLP.
       mixer_kind: a key of :data:`MIXERS` (``"lion"``: :class:`LionAttention`,
         ``"softmax"``: :class:`SoftmaxAttention`, ``"lightnet"``: :class:`LightNetAttention`).
-      channel_mixer: ``"mlp"`` or ``"swiglu"`` (:data:`CHANNEL_MIXERS`).
+      channel_mixer: ``"mlp"``, ``"swiglu"`` or ``"half_glu"`` (:data:`CHANNEL_MIXERS`).
       dropout: rate of the residual-branch dropouts and the MLP's inner dropout.
       drop_path: stochastic depth: the rate at which a residual branch is dropped for a whole
         example in training (the kept ones scaled by ``1 / (1 - rate)``).
@@ -119,6 +125,12 @@ class ResidualBlock(nn.Module):
             h = mixer(h, mask, orders=orders)
         else:
             h = mixer(h, mask)
+        if self.channel_mixer == "half_glu":
+            h = nn.Dropout(self.dropout)(nn.gelu(h), deterministic=deterministic)
+            gate = nn.Dense(x.shape[-1], **dtypes, name="glu", kernel_init=(
+                nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))),
+                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(h)
+            return x + branch(h * nn.sigmoid(gate))
         x = x + branch(h)
         h = make_norm(self.norm, **dtypes, name="mlp_norm")(x)
         if self.channel_mixer == "swiglu":

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 from flax.linen.linear import default_embed_init
 
-from lion_jax.layers.block import ResidualBlock, model_mixer_kwargs
+from lion_jax.layers.block import CHANNEL_MIXERS, ResidualBlock, model_mixer_kwargs
 from lion_jax.layers.embed import OneHotEmbed
 from lion_jax.layers.norms import check_norm, make_norm
 
@@ -39,6 +39,8 @@ class SequenceClassifier(nn.Module):
       d_model, num_layers, num_heads: width, depth, heads.
       head_dim: query/key width per head; None = ``d_model // num_heads``.
       mlp_dim: MLP hidden width.
+      channel_mixer: the blocks' channel mixer (:data:`lion_jax.layers.block.CHANNEL_MIXERS`):
+        ``"mlp"`` (default), ``"swiglu"``, or ``"half_glu"`` (S5's LRA layer, no MLP).
       dropout: rate (embedding, residual branches, MLP); active with ``train=True``.
       pooling: ``"mean"`` over real tokens, ``"cls"`` (a learned token prepended after the
         positional embedding, so it has no position; its output is the summary) or ``"last"``
@@ -68,6 +70,7 @@ class SequenceClassifier(nn.Module):
     num_heads: int
     mlp_dim: int
     head_dim: int | None = None
+    channel_mixer: str = "mlp"
     dropout: float = 0.0
     pooling: str = "mean"
     pos_emb: str = "none"
@@ -91,6 +94,9 @@ class SequenceClassifier(nn.Module):
             raise ValueError(f"unknown input_encoding {self.input_encoding!r}; valid: "
                              f"{list(INPUT_ENCODINGS)}")
         check_norm(self.norm)
+        if self.channel_mixer not in CHANNEL_MIXERS:
+            raise ValueError(f"unknown channel_mixer {self.channel_mixer!r}; valid: "
+                             f"{list(CHANNEL_MIXERS)}")
         self._mixer_kwargs()  # fails now on a bad key or value
         super().__post_init__()
 
@@ -137,7 +143,8 @@ class SequenceClassifier(nn.Module):
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
         for i in range(self.num_layers):
             x = ResidualBlock(self._mixer_kwargs(), self.mlp_dim, mixer_kind=self.mixer_kind,
-                              dropout=self.dropout, norm=self.norm, **dtypes,
+                              channel_mixer=self.channel_mixer, dropout=self.dropout,
+                              norm=self.norm, **dtypes,
                               name=f"block_{i}")(x, mask, deterministic=deterministic)
         x = make_norm(self.norm, **dtypes, name="final_norm")(x).astype(jnp.float32)
 
