@@ -63,6 +63,16 @@ differentiated take one part and write no low part.
 
 Matmuls per (query block, key block) pair: forward 2 (3 split), dq 3 (4 split; one less
 without decay, where dA needs no S), dk/dv 4.
+
+Several token orders (``orders``, LION-S v2, paper C.8): ``M = mean_p exp(-|A^p_i - A^p_j|)``,
+``A^p`` the cumulative log-decays along order p read back in token order, so ``M_p`` is the
+mask order p's cumsum builds (``lion_jax.ops.orders``), all in the same launches: S and the
+matmuls once, one exponential per order and pair. The backward gives one dA^p per order,
+``dA^p_t = sum_j sign_p(t, j) G^p_tj - sum_i sign_p(i, t) G^p_it`` with ``G^p = dS * S * M_p /
+n`` and ``sign_p`` the sign of the two tokens' positions in order p (a table of positions per
+order, static), and JAX's VJPs of the gathers and the cumsum take it to d log_decay. One
+launch with both orders replaces two per order (numerator, and denominator on 16 ones
+columns) of ``ops.lion_attention``'s generic per-order path.
 """
 
 import dataclasses
@@ -70,6 +80,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -165,32 +176,52 @@ def _store(ref, start, rows, length, value, width=None):
         pltriton.store(ref.at[idx], value, mask=_mask(start, rows, length, ref, width))
 
 
-def _load_a(a_refs, start, rows, length):
-    return tuple(_load(ref, start, rows, length) for ref in a_refs)
+def _load_a(a_refs, start, rows, length, orders):
+    """Rows of A's arrays, one tuple per order: ``(A,)`` or ``(H, R)`` (:func:`_cumulative`)."""
+    parts = [_load(ref, start, rows, length) for ref in a_refs]
+    per = len(parts) // orders
+    return [tuple(parts[o * per:(o + 1) * per]) for o in range(orders)]
 
 
-def _decay_mask(a_rows, a_cols):
-    """``M = exp(-|A_i - A_j|)``, ``[R, C]`` in [0, 1], from a row block and a column block of
-    A, each a tuple ``(A,)`` or ``(H, R)`` with ``A = H + R`` (:func:`_cumulative`)."""
-    x = a_rows[0][:, None] - a_cols[0][None, :]
-    if len(a_rows) == 2:
-        x = x + (a_rows[1][:, None] - a_cols[1][None, :])
-    return jnp.exp(-jnp.abs(x))
+def _decay_masks(a_rows, a_cols):
+    """``[M_p]``, ``M_p = exp(-|A^p_i - A^p_j|)`` ``[R, C]`` in [0, 1] per order, from a row
+    block and a column block of each order's A (:func:`_load_a`)."""
+    masks = []
+    for rows, cols in zip(a_rows, a_cols):
+        x = rows[0][:, None] - cols[0][None, :]
+        if len(rows) == 2:
+            x = x + (rows[1][:, None] - cols[1][None, :])
+        masks.append(jnp.exp(-jnp.abs(x)))
+    return masks
 
 
-def _order_signs(row_start, rows, col_start, cols):
-    """``sign(i - j)`` for the tokens ``i`` of a row block and ``j`` of a column block,
-    ``[rows, cols]`` float32 (0 on the diagonal)."""
-    i = row_start + jnp.arange(rows)[:, None]
-    j = col_start + jnp.arange(cols)[None, :]
+def _mean(masks):
+    """The orders' mask: their mean (one order: itself)."""
+    return masks[0] if len(masks) == 1 else sum(masks) * (1.0 / len(masks))
+
+
+def _order_signs(row_start, rows, col_start, cols, positions=None):
+    """``sign(pos(i) - pos(j))`` for the tokens ``i`` of a row block and ``j`` of a column
+    block, ``[rows, cols]`` float32 (0 on the diagonal); ``positions``: None (the token order,
+    ``pos(i) = i``) or ``(row positions, column positions)`` of one order."""
+    if positions is None:
+        i = row_start + jnp.arange(rows)[:, None]
+        j = col_start + jnp.arange(cols)[None, :]
+    else:
+        i, j = positions[0][:, None], positions[1][None, :]
     return jnp.where(i > j, 1.0, jnp.where(i < j, -1.0, 0.0))
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, normalize, eps,
-                    precision, split, low):
+def _positions(pos_refs, start, rows, length):
+    """Rows of each order's positions table (``[]`` for the token order)."""
+    return [_load(ref, start, rows, length) for ref in pos_refs]
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, orders, tables,
+                    normalize, eps, precision, split, low):
     """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v ``[Lp, Vp]``; ``decay`` refs of A
-    ``[Lp]``; then y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part ``[Lp, Vp]``
-    (``low``). ``split``: P in two 16-bit parts for ``P V``."""
+    ``[Lp]`` (``orders`` groups); then y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part
+    ``[Lp, Vp]`` (``low``). ``split``: P in two 16-bit parts for ``P V``."""
     refs = list(refs)
     a_refs = [refs.pop(0) for _ in range(decay)]
     y_ref = refs.pop(0)
@@ -202,7 +233,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, norm
     dot = functools.partial(pltriton.dot, precision=precision)
     start = pl.program_id(0) % -(-length // block) * block  # this program's block
     q = _load(q_ref, start, block, length, K)
-    a_q = _load_a(a_refs, start, block, length)
+    a_q = _load_a(a_refs, start, block, length, orders)
     num = jnp.zeros((block, v_ref.shape[-1]), f32)
     den = jnp.zeros((block,), f32)
     for s0, n in _steps(length, block):
@@ -210,7 +241,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, norm
         v = _load(v_ref, s0, n, length, V)
         p = dot(q, k, trans_b=True)
         if decay:
-            p = p * _decay_mask(a_q, _load_a(a_refs, s0, n, length))
+            p = p * _mean(_decay_masks(a_q, _load_a(a_refs, s0, n, length, orders)))
         if split:
             num = num + sum(dot(part, v) for part in _two_parts(p, dtype))
         else:
@@ -228,18 +259,21 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, norm
         _store(y_ref, start, block, length, num, V)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, normalize,
-               eps, precision, split):
+def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, orders,
+               tables, normalize, eps, precision, split):
     """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of
-    A ``[Lp]``; y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part (``split``); then dq
-    ``[Lp, Kp]``, dden ``[Lp]`` (normalize), the row part of dA ``[Lp]`` (decay)."""
+    A ``[Lp]`` (``orders`` groups), ``tables`` positions tables ``[Lp]`` (one per order when
+    the orders are given, none for the token order); y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part (``split``); then dq
+    ``[Lp, Kp]``, dden ``[Lp]`` (normalize), the row part of each order's dA ``[Lp]``
+    (decay)."""
     refs = list(refs)
     a_refs = [refs.pop(0) for _ in range(decay)]
+    pos_refs = [refs.pop(0) for _ in range(tables)]
     y_ref, den_ref = (refs.pop(0), refs.pop(0)) if normalize else (None, None)
     lo_ref = refs.pop(0) if split else None
     dq_ref = refs.pop(0)
     dden_ref = refs.pop(0) if normalize else None
-    da_ref = refs.pop(0) if decay else None
+    da_refs = [refs.pop(0) for _ in range(orders if decay else 0)]
     K, V = dims
     f32 = jnp.float32
     dtype = q_ref.dtype
@@ -247,7 +281,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, n
     start = pl.program_id(0) % -(-length // block) * block  # this program's block
     q = _load(q_ref, start, block, length, K)
     dy = _load(dy_ref, start, block, length, V)
-    a_q = _load_a(a_refs, start, block, length)
+    a_q = _load_a(a_refs, start, block, length, orders)
+    pos_q = _positions(pos_refs, start, block, length)
     if normalize:
         r = 1.0 / (_load(den_ref, start, block, length) + eps)
         y = _load(y_ref, start, block, length, V).astype(f32)
@@ -256,35 +291,42 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, n
         dden = -r * jnp.sum(dy.astype(f32) * y, axis=1)
         _store(dden_ref, start, block, length, dden)
     dq = jnp.zeros((block, q_ref.shape[-1]), f32)
-    da = jnp.zeros((block,), f32)
+    das = [jnp.zeros((block,), f32) for _ in da_refs]
     for s0, n in _steps(length, block):
         k = _load(k_ref, s0, n, length, K)
         ds = dot(dy, _load(v_ref, s0, n, length, V), trans_b=True)  # dP, then dS
         if normalize:
             ds = ds * r[:, None] + dden[:, None]
         if decay:
-            ds = ds * _decay_mask(a_q, _load_a(a_refs, s0, n, length))
-            g = ds * dot(q, k, trans_b=True)  # G = dP * M * S
-            da = da + jnp.sum(_order_signs(start, block, s0, n) * g, axis=1)
+            masks = _decay_masks(a_q, _load_a(a_refs, s0, n, length, orders))
+            g = ds * dot(q, k, trans_b=True)  # G^p = dP * S * M_p / orders
+            pos_k = _positions(pos_refs, s0, n, length)
+            for o, m in enumerate(masks):
+                signs = _order_signs(start, block, s0, n,
+                                     (pos_q[o], pos_k[o]) if pos_refs else None)
+                das[o] = das[o] + jnp.sum(signs * (g * m), axis=1) * (1.0 / orders)
+            ds = ds * _mean(masks)
         if split:
             dq = dq + sum(dot(part, k) for part in _two_parts(ds, dtype))
         else:
             dq = dq + dot(ds.astype(dtype), k)
     _store(dq_ref, start, block, length, dq, K)
-    if decay:
+    for da_ref, da in zip(da_refs, das):
         _store(da_ref, start, block, length, da)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, normalize,
-                eps, precision):
+def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, orders,
+                tables, normalize, eps, precision):
     """One (b, h, key block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of A
-    ``[Lp]``; den, dden ``[Lp]`` (normalize); then dk ``[Lp, Kp]``, dv ``[Lp, Vp]``, the
-    column part of dA ``[Lp]`` (decay)."""
+    ``[Lp]`` and the positions tables, as :func:`_dq_kernel`; den, dden ``[Lp]`` (normalize);
+    then dk ``[Lp, Kp]``, dv ``[Lp, Vp]``, the column part of each order's dA ``[Lp]``
+    (decay)."""
     refs = list(refs)
     a_refs = [refs.pop(0) for _ in range(decay)]
+    pos_refs = [refs.pop(0) for _ in range(tables)]
     den_ref, dden_ref = (refs.pop(0), refs.pop(0)) if normalize else (None, None)
     dk_ref, dv_ref = refs.pop(0), refs.pop(0)
-    da_ref = refs.pop(0) if decay else None
+    da_refs = [refs.pop(0) for _ in range(orders if decay else 0)]
     K, V = dims
     f32 = jnp.float32
     dtype = q_ref.dtype
@@ -292,10 +334,11 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, 
     start = pl.program_id(0) % -(-length // block) * block  # this program's block
     k = _load(k_ref, start, block, length, K)
     v = _load(v_ref, start, block, length, V)
-    a_k = _load_a(a_refs, start, block, length)
+    a_k = _load_a(a_refs, start, block, length, orders)
+    pos_k = _positions(pos_refs, start, block, length)
     dk = jnp.zeros((block, k_ref.shape[-1]), f32)
     dv = jnp.zeros((block, v_ref.shape[-1]), f32)
-    da = jnp.zeros((block,), f32)
+    das = [jnp.zeros((block,), f32) for _ in da_refs]
     for s0, n in _steps(length, block):
         q = _load(q_ref, s0, n, length, K)
         dy = _load(dy_ref, s0, n, length, V)
@@ -305,15 +348,21 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, 
             r = (1.0 / (_load(den_ref, s0, n, length) + eps))[:, None]
             ds = ds * r + _load(dden_ref, s0, n, length)[:, None]
         if decay:
-            m = _decay_mask(_load_a(a_refs, s0, n, length), a_k)
+            masks = _decay_masks(_load_a(a_refs, s0, n, length, orders), a_k)
+            g = ds * p  # G^p = dP * S * M_p / orders
+            pos_q = _positions(pos_refs, s0, n, length)
+            for o, m in enumerate(masks):
+                signs = _order_signs(s0, n, start, block,
+                                     (pos_q[o], pos_k[o]) if pos_refs else None)
+                das[o] = das[o] - jnp.sum(signs * (g * m), axis=0) * (1.0 / orders)
+            m = _mean(masks)
             ds = ds * m
-            da = da - jnp.sum(_order_signs(s0, n, start, block) * (ds * p), axis=0)
             p = p * m
         dv = dv + dot((p * r if normalize else p).astype(dtype), dy, trans_a=True)
         dk = dk + dot(ds.astype(dtype), q, trans_a=True)
     _store(dk_ref, start, block, length, dk, K)
     _store(dv_ref, start, block, length, dv, V)
-    if decay:
+    for da_ref, da in zip(da_refs, das):
         _store(da_ref, start, block, length, da)
 
 
@@ -325,7 +374,9 @@ class _Config:
     H: int
     dims: tuple  # (K, V)
     block: int
-    decay: int  # A's arrays: 0 (no decay), 1 or 2 (see _cumulative)
+    decay: int  # A's arrays: 0 (no decay), or 1 or 2 per order (see _cumulative)
+    orders: int  # token orders whose masks are averaged (1: the token order or one given)
+    positions: tuple  # per given order, each token's position in it; () for the token order
     normalize: bool
     eps: float
     f32: bool  # float32 inputs: exact float32 matmuls
@@ -346,6 +397,7 @@ class _Config:
         ``warps``: its ``num_warps``."""
         kernel = functools.partial(
             kernel, length=self.L, dims=self.dims, block=self.block, decay=self.decay,
+            orders=self.orders, tables=len(self.positions) if self.decay else 0,
             normalize=self.normalize, eps=self.eps,
             precision=jax.lax.Precision.HIGHEST if self.f32 else None, **kwargs)
         return pl.pallas_call(
@@ -386,27 +438,31 @@ def _forward(q, k, v, a, cfg, differentiated):
 
 
 def _backward(q, k, v, a, y, den, y_low, dy, cfg):
-    """``(dq, dk, dv, dA)``: dq, dk, dv in the inputs' dtype; dA float32 ``[B, L, H]`` (None
-    without decay)."""
+    """``(dq, dk, dv, dA)``: dq, dk, dv in the inputs' dtype; dA a list of float32
+    ``[B, L, H]``, one per order (empty without decay)."""
     qk, vs, row = cfg.specs()
     decay, normalize = cfg.decay, cfg.normalize
     rows = (q.shape[:3], jnp.float32, row)
-    ins, in_specs = [q, k, v, dy, *a], [qk, qk, vs, vs] + [row] * len(a)
+    tables = [jnp.broadcast_to(jnp.asarray(p, jnp.int32)[None, :, None], q.shape[:3])
+              for p in (cfg.positions if decay else ())]
+    ins = [q, k, v, dy, *a, *tables]
+    in_specs = [qk, qk, vs, vs] + [row] * (len(a) + len(tables))
+    das = cfg.orders if decay else 0
     extra, extra_specs = ([y, den], [vs, row]) if normalize else ([], [])
     if cfg.split:
         extra, extra_specs = extra + [y_low], extra_specs + [vs]
     res = list(cfg.call(
         _dq_kernel, "lion_dense_dq", ins + extra, in_specs + extra_specs,
-        [(q.shape, q.dtype, qk)] + [rows] * (normalize + bool(decay)), cfg.backward_warps,
+        [(q.shape, q.dtype, qk)] + [rows] * (normalize + das), cfg.backward_warps,
         split=cfg.split))
     dq = res.pop(0)
     dden = res.pop(0) if normalize else None
     extra, extra_specs = ([den, dden], [row, row]) if normalize else ([], [])
     dk, dv, *da = cfg.call(
         _dkv_kernel, "lion_dense_dkv", ins + extra, in_specs + extra_specs,
-        [(k.shape, k.dtype, qk), (v.shape, v.dtype, vs)] + [rows] * bool(decay),
+        [(k.shape, k.dtype, qk), (v.shape, v.dtype, vs)] + [rows] * das,
         cfg.backward_warps)
-    return dq, dk, dv, (res[0] + da[0] if decay else None)
+    return dq, dk, dv, [row_part + col_part for row_part, col_part in zip(res, da)]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -422,7 +478,8 @@ def _dense_fwd(q, k, v, a, cfg):
 def _dense_bwd(cfg, residuals, dy):
     q, k, v, a, y, den, y_low = residuals
     dq, dk, dv, da = _backward(q, k, v, a, y, den, y_low, dy.astype(v.dtype), cfg)
-    return dq, dk, dv, tuple(da for _ in a)  # A = H + R: the same cotangent for both
+    per_order = len(a) // cfg.orders if a else 0  # A = H + R: the same cotangent for both
+    return dq, dk, dv, tuple(d for d in da for _ in range(per_order))
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
@@ -446,9 +503,38 @@ def _cumulative(log_decay, exact):
     return jnp.cumsum(coarse, axis=1), jnp.cumsum(a - coarse, axis=1)
 
 
-def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=None,
-               block=None, two_parts=True, num_warps=None, backward_warps=None,
-               num_stages=None):
+def _check_orders(orders, length):
+    """``orders`` as a tuple of int numpy permutations of ``range(length)``; ValueError (one
+    line) for anything else."""
+    try:
+        arrays = tuple(np.asarray(p) for p in orders)
+    except TypeError:
+        raise ValueError(f"lion_dense: orders must be a sequence of permutations of the "
+                         f"{length} tokens; got {type(orders).__name__}") from None
+    if not arrays:
+        raise ValueError("lion_dense: orders must hold at least one permutation; got none")
+    for n, p in enumerate(arrays):
+        if (p.shape != (length,) or not np.issubdtype(p.dtype, np.integer)
+                or not np.array_equal(np.sort(p), np.arange(length))):
+            raise ValueError(f"lion_dense: orders[{n}] is not a permutation of the {length} "
+                             f"tokens (shape {p.shape}, dtype {p.dtype})")
+    return arrays
+
+
+def _cumulative_in_orders(log_decay, exact, orders):
+    """Each order's A (:func:`_cumulative` of the log-decays taken in that order), read back in
+    token order: the arrays of all orders, concatenated in a tuple."""
+    arrays = ()
+    for order in orders:
+        inverse = np.argsort(order)
+        parts = _cumulative(jnp.take(log_decay, order, axis=1), exact)
+        arrays += tuple(jnp.take(part, inverse, axis=1) for part in parts)
+    return arrays
+
+
+def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None,
+               interpret=None, block=None, two_parts=True, num_warps=None,
+               backward_warps=None, num_stages=None):
     """LION attention for L <= ``MAX_LEN``, flash-attention style (see the module docstring).
 
     Args:
@@ -457,6 +543,9 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=N
       log_decay: None (``M = 1``) or ``[B, L, H]``, entries ``<= 0`` (any float dtype; its
         cumsum over L is taken in float32).
       normalize: divide each row by ``sum_j P_ij + eps`` (SCALE).
+      orders: None, or a sequence of token permutations (int arrays ``[L]``; LION-S v2's patch
+        orders): ``M`` is then the mean of the masks of the decays accumulated along each
+        order, as ``lion_jax.ops.lion_attention(orders=...)`` defines it, in one launch.
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
       block: rows per program and per loop step, a power of two >= 16 (None: ``BLOCK``,
         fewer for shorter sequences).
@@ -478,13 +567,20 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=N
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     f32 = q.dtype == jnp.float32
-    a = _cumulative(log_decay, exact=f32)
     B, L, H, K = q.shape
+    positions = ()
+    if orders is None:
+        a = _cumulative(log_decay, exact=f32)
+    else:
+        orders = _check_orders(orders, L)
+        positions = tuple(tuple(int(i) for i in np.argsort(p)) for p in orders)
+        a = () if log_decay is None else _cumulative_in_orders(log_decay, f32, orders)
     settings = (num_warps, backward_warps, num_stages)
     if any(x is not None and (not isinstance(x, int) or x < 1) for x in settings):
         raise ValueError(f"lion_dense: num_warps, backward_warps and num_stages must be "
                          f"positive ints or None; got {settings}")
-    cfg = _Config(B, L, H, (K, v.shape[-1]), _block(L, block), len(a), bool(normalize),
+    cfg = _Config(B, L, H, (K, v.shape[-1]), _block(L, block), len(a),
+                  (len(positions) or 1) if a else 1, positions if a else (), bool(normalize),
                   float(eps), f32, bool(two_parts and normalize and not f32), bool(interpret),
                   num_warps or NUM_WARPS, backward_warps or NUM_WARPS, num_stages or NUM_STAGES)
     return _dense(q, k, v, a, cfg)

@@ -185,6 +185,75 @@ def test_matches_lion_attention(rng, decay, normalize):
         assert err <= TOL[jnp.float32], f"{name}: {err:.3e}"
 
 
+def formula_in_orders(q, k, v, g, orders, normalize=True, eps=1e-6):
+    """The materialised definition with token orders: ``M = mean_p exp(-|A^p_i - A^p_j|)``,
+    ``A^p`` the cumsum of the log-decays taken in order p, read back in token order."""
+    masks = []
+    for order in orders:
+        A = jnp.take(jnp.cumsum(jnp.take(g, order, axis=1), axis=1), np.argsort(order), axis=1)
+        A = jnp.moveaxis(A, 1, -1)  # [B, H, L]
+        masks.append(jnp.exp(-jnp.abs(A[..., :, None] - A[..., None, :])))
+    P = jnp.einsum("bihk,bjhk->bhij", q, k) * (sum(masks) / len(masks))
+    y = jnp.einsum("bhij,bjhv->bihv", P, v)
+    if normalize:
+        y = y / (jnp.moveaxis(P.sum(-1), 1, 2)[..., None] + eps)
+    return y
+
+
+ORDER_CASES = [  # L, orders, decay, normalize, block, dtype
+    (37, "random+reversed", "moderate", True, None, jnp.float32),
+    (70, "random+random", "mixed", False, 16, jnp.float32),
+    (197, "snakes", "moderate", True, None, jnp.float32),  # ViT-T's two v2 orders + CLS
+    (21, "random", "strong", False, None, jnp.float32),  # one order, not the token order
+    (100, "random+reversed", "mixed", True, None, jnp.bfloat16),
+]
+
+
+def make_orders(rng, L, kind):
+    if kind == "snakes":  # CLS first, then a 14 x 14 grid by row snake and by column snake
+        from lion_jax.models.vit import token_orders
+        return token_orders(14, 14, ("row_snake", "col_snake"))
+    make = {"random": lambda: rng.permutation(L), "reversed": lambda: np.arange(L)[::-1]}
+    return tuple(make[part]() for part in kind.split("+"))
+
+
+@pytest.mark.parametrize("L,kind,decay,normalize,block,dtype", ORDER_CASES)
+def test_orders_match_formula(rng, L, kind, decay, normalize, block, dtype):
+    """Several token orders in one launch: the output and its four gradients against the
+    float64 formula with the orders' masks averaged (float32 and bf16 tolerances)."""
+    orders = make_orders(rng, L, kind)
+    args, dy = make_inputs(rng, 1 if L > 100 else 2, L, 2, 16, 24, dtype, decay)
+    got = value_and_grads(kernel_fn(args[3], normalize=normalize, block=block, orders=orders),
+                          args, dy)
+    with jax.enable_x64(True):
+        f64 = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
+        want = value_and_grads(lambda *a: formula_in_orders(*a, orders, normalize=normalize),
+                               f64, jnp.asarray(np.asarray(dy, np.float64)))
+    for name, a, b in zip(NAMES, got, want):
+        err = rel_err(a, np.asarray(b))
+        print(f"{name}: {err:.2e}")
+        assert err <= TOL[dtype], f"{name}: {err:.3e}"
+
+
+def test_orders_through_lion_attention(rng):
+    """ops.lion_attention(impl="pallas", orders=...) takes lion_dense's one launch and agrees
+    with the materialised form, forward and gradients, log-decays of exactly 0 included
+    (where the sign of d|A_i - A_j| comes from each order's positions alone)."""
+    orders = (rng.permutation(30), np.arange(30)[::-1])
+    for decay in ("moderate", "zero"):
+        args, dy = make_inputs(rng, 2, 30, 2, 16, 8, jnp.float32, decay)
+        run = lambda impl: value_and_grads(  # noqa: E731
+            lambda *a: ops.lion_attention(*a, impl=impl, orders=orders), args, dy)
+        for name, a, b in zip(NAMES, run("pallas"), run("attention")):
+            assert rel_err(a, b) <= TOL[jnp.float32], (decay, name)
+    x, g = args[0], args[3]
+    jaxpr = str(jax.make_jaxpr(lambda *a: ops.lion_attention(*a, impl="pallas",
+                                                              orders=orders))(x, x, x, g))
+    assert jaxpr.count("pallas_call") == 1 and "lion_dense_forward" in jaxpr
+    with pytest.raises(ValueError, match=r"lion_dense: orders\[1\] is not a permutation"):
+        pallas_kernels.lion_dense(x, x, x, g, orders=(np.arange(30), np.zeros(30, int)))
+
+
 def test_launches():
     """One forward launch; two backward launches."""
     x = jnp.zeros((2, 40, 2, 16), jnp.bfloat16)

@@ -72,7 +72,8 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
       orders: None, or a sequence of token permutations (int arrays ``[L]``, e.g. the patch
         orders of LION-S v2, paper C.8): ``M`` is then the average of the masks of the decays
         accumulated along each order (:mod:`lion_jax.ops.orders`), in numerator and
-        denominator. "attention" averages the masks; the other forms run once per order on the
+        denominator. "attention" averages the masks, and so does ``lion_dense`` ("pallas" up
+        to 256 tokens, all orders in one launch); the other forms run once per order on the
         permuted tokens and average numerators and denominators before SCALE (16-bit inputs:
         each rounded to the input dtype first). "auto" picks the form as without orders.
     Returns:
@@ -90,15 +91,18 @@ def lion_attention(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, impl="a
         orders = orders_lib.check_orders(name, orders, q.shape[1])
     impl, chunk_size = _resolve_impl(impl, q, k, v, log_decay, chunk_size, normalize,
                                      value_decay=value_decay)
+    if impl == "pallas" and value_decay and orders is None:
+        return _value_decay_kernel(name, q, k, v, log_decay, normalize, eps)
+    if impl == "pallas" and not value_decay and not centre_values:
+        kernels = _kernels(name)
+        if kernels.lion_dense_unsupported_reason(q, k, v, log_decay) is None:
+            # orders too: every order's mask in the one launch (LION-S v2)
+            return kernels.lion_dense(q, k, v, log_decay, normalize=normalize, eps=eps,
+                                      orders=orders)
     if orders is not None and impl != "attention":
         return _lion_in_orders(q, k, v, log_decay, orders, impl, normalize, eps, chunk_size)
-    if impl == "pallas" and value_decay:
-        return _value_decay_kernel(name, q, k, v, log_decay, normalize, eps)
     if impl == "pallas":
-        kernels = _kernels(name)
-        if not centre_values and kernels.lion_dense_unsupported_reason(q, k, v, log_decay) is None:
-            return kernels.lion_dense(q, k, v, log_decay, normalize=normalize, eps=eps)
-        return kernels.bidirectional_linear_attention(
+        return _kernels(name).bidirectional_linear_attention(
             q, k, v, log_decay, normalize=normalize, eps=eps, chunk_size=chunk_size,
             centre_values=centre_values)
 
