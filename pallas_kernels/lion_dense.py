@@ -200,6 +200,11 @@ def _mean(masks):
     return masks[0] if len(masks) == 1 else sum(masks) * (1.0 / len(masks))
 
 
+def _per_order(term, orders):
+    """An order's share ``term / orders`` of the averaged mask's gradient (one order: as is)."""
+    return term if orders == 1 else term * (1.0 / orders)
+
+
 def _order_signs(row_start, rows, col_start, cols, positions=None):
     """``sign(pos(i) - pos(j))`` for the tokens ``i`` of a row block and ``j`` of a column
     block, ``[rows, cols]`` float32 (0 on the diagonal); ``positions``: None (the token order,
@@ -221,7 +226,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, orde
                     normalize, eps, precision, split, low):
     """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v ``[Lp, Vp]``; ``decay`` refs of A
     ``[Lp]`` (``orders`` groups); then y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part
-    ``[Lp, Vp]`` (``low``). ``split``: P in two 16-bit parts for ``P V``."""
+    ``[Lp, Vp]`` (``low``). ``split``: P in two 16-bit parts for ``P V``. ``tables`` (the
+    positions tables) matters only to the backward: the forward's mask has no sign."""
     refs = list(refs)
     a_refs = [refs.pop(0) for _ in range(decay)]
     y_ref = refs.pop(0)
@@ -263,9 +269,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, o
                tables, normalize, eps, precision, split):
     """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of
     A ``[Lp]`` (``orders`` groups), ``tables`` positions tables ``[Lp]`` (one per order when
-    the orders are given, none for the token order); y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part (``split``); then dq
-    ``[Lp, Kp]``, dden ``[Lp]`` (normalize), the row part of each order's dA ``[Lp]``
-    (decay)."""
+    the orders are given, none for the token order); y ``[Lp, Vp]``, den ``[Lp]``
+    (normalize), y's low part (``split``); then dq ``[Lp, Kp]``, dden ``[Lp]`` (normalize),
+    the row part of each order's dA ``[Lp]`` (decay)."""
     refs = list(refs)
     a_refs = [refs.pop(0) for _ in range(decay)]
     pos_refs = [refs.pop(0) for _ in range(tables)]
@@ -304,7 +310,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, o
             for o, m in enumerate(masks):
                 signs = _order_signs(start, block, s0, n,
                                      (pos_q[o], pos_k[o]) if pos_refs else None)
-                das[o] = das[o] + jnp.sum(signs * (g * m), axis=1) * (1.0 / orders)
+                das[o] = das[o] + _per_order(jnp.sum(signs * (g * m), axis=1), orders)
             ds = ds * _mean(masks)
         if split:
             dq = dq + sum(dot(part, k) for part in _two_parts(ds, dtype))
@@ -354,7 +360,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, 
             for o, m in enumerate(masks):
                 signs = _order_signs(s0, n, start, block,
                                      (pos_q[o], pos_k[o]) if pos_refs else None)
-                das[o] = das[o] - jnp.sum(signs * (g * m), axis=0) * (1.0 / orders)
+                das[o] = das[o] - _per_order(jnp.sum(signs * (g * m), axis=0), orders)
             m = _mean(masks)
             ds = ds * m
             p = p * m
@@ -503,24 +509,6 @@ def _cumulative(log_decay, exact):
     return jnp.cumsum(coarse, axis=1), jnp.cumsum(a - coarse, axis=1)
 
 
-def _check_orders(orders, length):
-    """``orders`` as a tuple of int numpy permutations of ``range(length)``; ValueError (one
-    line) for anything else."""
-    try:
-        arrays = tuple(np.asarray(p) for p in orders)
-    except TypeError:
-        raise ValueError(f"lion_dense: orders must be a sequence of permutations of the "
-                         f"{length} tokens; got {type(orders).__name__}") from None
-    if not arrays:
-        raise ValueError("lion_dense: orders must hold at least one permutation; got none")
-    for n, p in enumerate(arrays):
-        if (p.shape != (length,) or not np.issubdtype(p.dtype, np.integer)
-                or not np.array_equal(np.sort(p), np.arange(length))):
-            raise ValueError(f"lion_dense: orders[{n}] is not a permutation of the {length} "
-                             f"tokens (shape {p.shape}, dtype {p.dtype})")
-    return arrays
-
-
 def _cumulative_in_orders(log_decay, exact, orders):
     """Each order's A (:func:`_cumulative` of the log-decays taken in that order), read back in
     token order: the arrays of all orders, concatenated in a tuple."""
@@ -572,7 +560,9 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
     if orders is None:
         a = _cumulative(log_decay, exact=f32)
     else:
-        orders = _check_orders(orders, L)
+        from lion_jax.ops.orders import check_orders  # one check for the op and the kernel
+
+        orders = check_orders("lion_dense", orders, L)
         positions = tuple(tuple(int(i) for i in np.argsort(p)) for p in orders)
         a = () if log_decay is None else _cumulative_in_orders(log_decay, f32, orders)
     settings = (num_warps, backward_warps, num_stages)
