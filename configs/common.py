@@ -117,9 +117,9 @@ def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
     ``channel_mixer="half_glu"`` swaps each block's MLP for S5's one-branch GELU + half-GLU."""
     return ml_collections.ConfigDict(dict(
         d_model=d_model, num_layers=num_layers, num_heads=num_heads, mlp_dim=2 * d_model,
-        channel_mixer="mlp", dropout=dropout, pooling="mean", pos_emb="none", max_len=max_len, norm="layernorm",
-        input_encoding=input_encoding, mixer_kind="lion", mixer=lra_lion_s_mixer(),
-        dtype="bfloat16", param_dtype="float32"))
+        channel_mixer="mlp", dropout=dropout, pooling="mean", pos_emb="none", max_len=max_len,
+        norm="layernorm", input_encoding=input_encoding, mixer_kind="lion",
+        mixer=lra_lion_s_mixer(), dtype="bfloat16", param_dtype="float32"))
 
 
 def apply_lra_variant(c, variant):

@@ -511,12 +511,14 @@ def _cumulative(log_decay, exact):
 
 def _cumulative_in_orders(log_decay, exact, orders):
     """Each order's A (:func:`_cumulative` of the log-decays taken in that order), read back in
-    token order: the arrays of all orders, concatenated in a tuple."""
+    token order: the arrays of all orders, concatenated in a tuple. The permutations are
+    ``lion_jax.ops.orders.permute_tokens`` (a gather whose gradient is the inverse gather)."""
+    from lion_jax.ops.orders import permute_tokens
+
     arrays = ()
     for order in orders:
-        inverse = np.argsort(order)
-        parts = _cumulative(jnp.take(log_decay, order, axis=1), exact)
-        arrays += tuple(jnp.take(part, inverse, axis=1) for part in parts)
+        parts = _cumulative(permute_tokens(log_decay, order), exact)
+        arrays += tuple(permute_tokens(part, np.argsort(order)) for part in parts)
     return arrays
 
 
