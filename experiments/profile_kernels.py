@@ -20,8 +20,10 @@ own times only: the sweep behind the defaults of ``pallas_kernels.two_pass`` on 
 
 ``--dense`` times ``pallas_kernels.lion_dense`` (the one-block kernels of short sequences) at
 ViT-T's shape (B = 256, L = 197, H = 3, K = V = 64, bf16, normalised), without decay (LION-LIT)
-and with one per token and head (LION-S), under each block (32 / 64 rows), forward and backward
-``num_warps`` (4 / 8) and ``num_stages`` (1-3): its forward, dq and dk/dv kernels' own times.
+with one per token and head (LION-S), and with it along ViT's row- and column-snake orders
+(LION-S (v2), one launch for both; ``--dense_cases`` picks among ``lit``, ``s``, ``s_v2``),
+under each block (32 / 64 rows), forward and backward ``num_warps`` (4 / 8) and
+``num_stages`` (1-3): its forward, dq and dk/dv kernels' own times.
 """
 
 import argparse
@@ -102,19 +104,33 @@ def launch_settings(q, k, v, dy, g, ops, reps):
         print(f"   {op} D={D} {label}: {found}", flush=True)
 
 
-def dense_settings(reps, batch=256, length=197, heads=3, dim=64):
-    """Prints lion_dense's kernel times (ms) at ViT-T's shape under every launch setting."""
+DENSE_CASES = {
+    "lit": "LIT, no decay",
+    "s": "S, a decay per token and head",
+    "s_v2": "S (v2), the row- and column-snake orders of ViT's 14 x 14 patches + CLS",
+}
+
+
+def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=3, dim=64):
+    """Prints lion_dense's kernel times (ms) at ViT-T's shape under every launch setting, for
+    each of ``cases`` (keys of :data:`DENSE_CASES`)."""
+    from lion_jax.models.vit import token_orders
+
     keys = jax.random.split(jax.random.PRNGKey(0), 5)
     q, k, v, dy = (jax.random.normal(key, (batch, length, heads, dim), jnp.bfloat16)
                    for key in keys[:4])
     log_decay = -jax.nn.softplus(jax.random.normal(keys[4], (batch, length, heads)))
+    side = int(round((length - 1) ** 0.5))
+    snakes = token_orders(side, side, ("row_snake", "col_snake"))
     names = ("lion_dense_forward", "lion_dense_dq", "lion_dense_dkv")
-    for g, label in ((None, "LIT, no decay"), (log_decay, "S, a decay per token and head")):
-        print(f"== lion_dense at B={batch} L={length} H={heads} K=V={dim}, {label} "
+    inputs_of = {"lit": (None, None), "s": (log_decay, None), "s_v2": (log_decay, snakes)}
+    for case in cases:
+        g, orders = inputs_of[case]
+        print(f"== lion_dense at B={batch} L={length} H={heads} K=V={dim}, {DENSE_CASES[case]} "
               "(ms per call of each kernel)")
         for block, fw, bw, st in itertools.product((32, 64), (4, 8), (4, 8), (1, 2, 3)):
             def fwd_bwd(q, k, v, g, settings=dict(block=block, num_warps=fw, backward_warps=bw,
-                                                   num_stages=st)):
+                                                   num_stages=st, orders=orders)):
                 out, vjp = jax.vjp(lambda *a: pallas_kernels.lion_dense(*a, **settings), q, k,
                                    v, *([] if g is None else [g]))
                 return out, vjp(dy)
@@ -142,15 +158,21 @@ def main():
                         help="time the output / gradients kernels under each launch setting")
     parser.add_argument("--dense", action="store_true",
                         help="time lion_dense's kernels at ViT-T's shape under each setting")
+    parser.add_argument("--dense_cases", default=",".join(DENSE_CASES),
+                        help="with --dense: which inputs, of " + ", ".join(DENSE_CASES))
     args = parser.parse_args()
     unknown = set(args.ops.split(",")) - set(OPS)
     if unknown:
         parser.error(f"unknown --ops {sorted(unknown)}; choose from {sorted(OPS)}")
+    cases = tuple(args.dense_cases.split(","))
+    if set(cases) - set(DENSE_CASES):
+        parser.error(f"unknown --dense_cases {sorted(set(cases) - set(DENSE_CASES))}; choose "
+                     f"from {sorted(DENSE_CASES)}")
     if jax.default_backend() != "gpu":
         raise SystemExit("profile_kernels needs a GPU (CUDA kernels are what it times)")
     if args.dense:
         print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}")
-        dense_settings(args.reps)
+        dense_settings(args.reps, cases)
         return
     rng = np.random.default_rng(0)
     print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, B={args.batch} "

@@ -72,7 +72,9 @@ matmuls once, one exponential per order and pair. The backward gives one dA^p pe
 n`` and ``sign_p`` the sign of the two tokens' positions in order p (a table of positions per
 order, static), and JAX's VJPs of the gathers and the cumsum take it to d log_decay. One
 launch with both orders replaces two per order (numerator, and denominator on 16 ones
-columns) of ``ops.lion_attention``'s generic per-order path.
+columns) of ``ops.lion_attention``'s generic per-order path. With several orders the dk/dv
+launch runs on blocks of ``ORDERS_DKV_BLOCK`` rows (a finer grid over the same arrays), where
+its extra mask tiles fit the registers.
 """
 
 import dataclasses
@@ -91,6 +93,13 @@ MAX_LEN = 256
 MAX_DIM = 128
 # Rows of the programs' blocks and of the loops' steps (smaller for shorter sequences).
 BLOCK = 64
+# Rows of the dk/dv kernel's blocks with several orders: each order adds a mask tile and its dA
+# sums to the loop, and at 64 rows the kernel took 0.94 ms per call, at 32 rows 0.25 (ViT-T's
+# shape B = 256, L = 197, H = 3, K = V = 64, bf16, the row- and column-snake orders, 4 warps;
+# one H100, 2026-11-26, `python -m experiments.profile_kernels --dense --dense_cases s_v2`).
+# The forward and dq kernels stay at BLOCK there (0.13 and 0.20 ms at 64 rows, 0.19 and 0.32
+# at 32), and one order keeps BLOCK for all three (dk/dv 0.21 ms at 64 rows).
+ORDERS_DKV_BLOCK = 32
 NUM_WARPS = 4
 NUM_STAGES = 2
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -463,6 +472,11 @@ def _backward(q, k, v, a, y, den, y_low, dy, cfg):
         split=cfg.split))
     dq = res.pop(0)
     dden = res.pop(0) if normalize else None
+    if cfg.orders > 1:  # the dk/dv kernel's own block (ORDERS_DKV_BLOCK); same arrays
+        cfg = dataclasses.replace(cfg, block=min(cfg.block, ORDERS_DKV_BLOCK))
+        qk, vs, row = cfg.specs()
+        rows = (q.shape[:3], jnp.float32, row)
+        in_specs = [qk, qk, vs, vs] + [row] * (len(a) + len(tables))
     extra, extra_specs = ([den, dden], [row, row]) if normalize else ([], [])
     dk, dv, *da = cfg.call(
         _dkv_kernel, "lion_dense_dkv", ins + extra, in_specs + extra_specs,
@@ -538,7 +552,8 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
         order, as ``lion_jax.ops.lion_attention(orders=...)`` defines it, in one launch.
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
       block: rows per program and per loop step, a power of two >= 16 (None: ``BLOCK``,
-        fewer for shorter sequences).
+        fewer for shorter sequences; the dk/dv kernel with several orders takes at most
+        ``ORDERS_DKV_BLOCK``).
       two_parts: normalised 16-bit inputs under differentiation: the forward's weights and
         dq's dS in two 16-bit parts and y's low part saved, for gradients to ~16 bits of
         ``delta`` (two matmuls and one ``[B, L, H, V]`` residual more; module docstring).

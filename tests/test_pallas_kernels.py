@@ -572,6 +572,10 @@ def test_profile_kernels_errors(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         profile_kernels.main()
     assert "unknown --ops ['flash']" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["profile_kernels", "--dense", "--dense_cases", "s,v3"])
+    with pytest.raises(SystemExit):
+        profile_kernels.main()
+    assert "unknown --dense_cases ['v3']" in capsys.readouterr().err
     if ON_GPU:
         return
     monkeypatch.setattr("sys.argv", ["profile_kernels", "--ops", "lion"])
