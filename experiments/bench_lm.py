@@ -20,10 +20,10 @@ of the causal LMs (Lightning Attention's "constant speed"; LION paper Figure 5).
     recurrent state) and, for ``--recompute_archs``, ``recompute`` (the full forward over
     C + 1 tokens, as generation without a state does for every token).
 
-Every side is timed the same way: one warm-up call, then ``--calls`` calls back to back and one
-sync (``bench_value_decay.timed``). A side that cannot run (out of memory) is a cell with the
-reason. Prints Markdown tables; with ``--out`` writes ``table.md``, ``plot_train.png`` and
-``plot_decode.png``. Needs a GPU.
+Every side is timed the same way (``bench_value_decay.timed``): the median of 5 samples of
+``--calls`` calls back to back with one sync each, after a warm-up call. A side that cannot run
+(out of memory) is a cell with the reason. Prints Markdown tables; with ``--out`` writes
+``table.md``, ``plot_train.png`` and ``plot_decode.png``. Needs a GPU.
 """
 
 import os
@@ -36,7 +36,7 @@ import optax
 from absl import app, flags
 
 from experiments.bench_mlm import compiled_mib
-from experiments.bench_value_decay import timed
+from experiments.bench_value_decay import timed, timing
 from experiments.bench_vision import failure, two_panels
 from lion_jax.models.lm import ARCHS, CausalLM, lm_size, next_token_losses
 
@@ -161,7 +161,7 @@ def markdown(device, size, tokens_per_step, calls, archs, train, lengths, names,
              contexts, remat=True):
     lines = [f"{device}, jax {jax.__version__}, scaling-laws {size} models, bf16 compute"
              f"{', blocks rematerialized in training' if remat else ''}; "
-             f"{calls} calls back to back after a warm-up call, one sync", ""]
+             f"{timing(calls)}", ""]
     if train:
         lines += _table(f"Training tokens/s at {tokens_per_step:,} tokens per step (compiled "
                         "memory, MiB), by sequence length", archs, train, lengths,

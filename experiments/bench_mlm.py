@@ -23,10 +23,10 @@ float32 parameters, bf16 compute, dropout on, the cross-entropy on the masked po
 its ms per step and compiled memory (the gradients are its output) form a second table.
 
 A side that does not compile or run (out of memory, a refused shape) is a row cell with the
-reason. Every side is timed the same way: one warm-up call, then ``--calls`` calls back to
-back and one sync (:func:`experiments.bench_value_decay.timed`). Prints the tables; with
-``--out`` writes ``table.md`` and ``plot.png`` (time and memory against length, log scales;
-inference only). Needs a GPU.
+reason. Every side is timed the same way (:func:`experiments.bench_value_decay.timed`): the
+median of 5 samples of ``--calls`` calls back to back with one sync each, after a warm-up call.
+Prints the tables; with ``--out`` writes ``table.md`` and ``plot.png`` (time and memory against
+length, log scales; inference only). Needs a GPU.
 """
 
 import os
@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from experiments.bench_value_decay import timed
+from experiments.bench_value_decay import timed, timing
 from experiments.bench_vision import failure, two_panels
 from lion_jax.models import BertForMaskedLM
 from lion_jax.models.bert import bert_size
@@ -173,8 +173,8 @@ def markdown(device, size, batch, calls, names, results, lengths, train_results=
     """The Markdown report: a header line and one table per measurement (rows: sides,
     columns: lengths, cells ``ms (MiB)`` or the reason a side did not run)."""
     lines = [f"{device}, jax {jax.__version__}, BERT-{size} MLM, batch {batch}, bf16; encoder + "
-             f"head on {MASK_RATE:.0%} of the tokens (masked positions); {calls} calls back to "
-             "back after a warm-up call, one sync", ""]
+             f"head on {MASK_RATE:.0%} of the tokens (masked positions); "
+             f"{timing(calls)}", ""]
     lines += _table("Inference (no gradient), bf16 parameters: ms / batch (compiled memory, "
                     "MiB) at each sequence length", names, results, lengths)
     if train_results is not None:

@@ -17,8 +17,9 @@ Sides, all on ``[B, L, H, K]`` bf16 inputs, ``impl="auto"`` (our Pallas kernels 
   default): the bidirectional decayed form in one fused call.
 
 For each side and length: the forward, and the forward + backward (the gradient of a weighted
-sum of the output with respect to every input), each timed as one warm-up call, then
-``--calls`` calls back to back and one sync (``bench_value_decay.timed``); memory is XLA's
+sum of the output with respect to every input), each timed as the median of 5 samples
+of ``--calls`` calls back to back with one sync each, after a warm-up call
+(``bench_value_decay.timed``); memory is XLA's
 compiled arguments + outputs + temporaries. A side that cannot run is a cell with the reason.
 Prints a Markdown table; with ``--out`` writes ``table.md`` and ``plot.png``. Needs a GPU.
 """
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from experiments.bench_mlm import compiled_mib
-from experiments.bench_value_decay import timed
+from experiments.bench_value_decay import timed, timing
 from experiments.bench_vision import failure, two_panels
 from lion_jax import ops
 from lion_jax.layers.lightnet import one_scan, softmax_over_sequence
@@ -118,7 +119,7 @@ def names():
 
 def markdown(device, batch, heads, dim, calls, results, lengths):
     lines = [f"{device}, jax {jax.__version__}, B={batch}, H={heads}, K=V={dim}, bf16 inputs; "
-             f"{calls} calls back to back after a warm-up call, one sync", "",
+             f"{timing(calls)}", "",
              "ms per call (compiled memory, MiB), by sequence length:", "",
              "| side | " + " | ".join(f"{n:,}" for n in lengths) + " |",
              "| --- |" + " --- |" * len(lengths)]

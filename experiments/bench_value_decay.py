@@ -3,14 +3,16 @@ r"""Time LION with a decay per value feature against the same op with one decay 
     python -m experiments.bench_value_decay [--out DIR]
 
 Shape of the LRA ListOps mixer: B 50, L 2000, H 8, K = V = 16, bf16, normalised (so the
-per-value op sees ``[v | 1]``, 32 columns). Every side is timed the same way: 10 calls back to
-back after a warm-up call, one sync at the end. Rows: ``lion_attention`` with ``log_decay
-[B, L, H, V]`` on ``impl="pallas"`` (``pallas_kernels.lion_value_decay``) and on the XLA chunked
-form (chunk 8), and with ``[B, L, H]`` on the Pallas kernels. Prints a table; with ``--out``
-also writes it as Markdown and a bar chart (PNG). Needs a GPU.
+per-value op sees ``[v | 1]``, 32 columns). Every side is timed the same way (:func:`timed`):
+the median of 5 samples of 10 calls back to back with one sync each, after a warm-up call.
+Rows: ``lion_attention`` with ``log_decay [B, L, H, V]`` on ``impl="pallas"``
+(``pallas_kernels.lion_value_decay``) and on the XLA chunked form (chunk 8), and with
+``[B, L, H]`` on the Pallas kernels. Prints a table; with ``--out`` also writes it as Markdown
+and a bar chart (PNG). Needs a GPU.
 """
 
 import os
+import statistics
 import sys
 import time
 
@@ -29,15 +31,30 @@ def define_flags():
     flags.DEFINE_string("out", None, "Directory for table.md and plot.png.")
 
 
+SAMPLES = 5
+
+
+def timing(calls):
+    """How :func:`timed` times ``calls`` calls, for the benchmarks' table headers."""
+    return (f"median of {SAMPLES} samples, each {calls} calls back to back and one sync, after "
+            "a warm-up call")
+
+
 def timed(fn, *args, calls=10):
-    """Milliseconds per call: ``calls`` calls back to back, one sync."""
+    """Milliseconds per call: after a warm-up call, :data:`SAMPLES` samples of ``calls`` calls
+    back to back with one sync each; the median sample. (One sample swung by up to 1.6x from
+    run to run on one H100 on 2026-11-26: ViT-T's train step 16.6 / 20.6 ms, LION-S's 22.4 /
+    35.5 ms, ``bench_vision --calls 5`` and ``--calls 20``.)"""
     jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    out = None
-    for _ in range(calls):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls * 1e3
+    samples = []
+    for _ in range(SAMPLES):
+        start = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(samples)
 
 
 def sides(impl, chunk):
@@ -67,7 +84,7 @@ def main(argv):
         print(f"{name}: forward {rows[-1][1]:.2f} ms, forward+backward {rows[-1][2]:.2f} ms",
               flush=True)
     table = "\n".join([f"{jax.devices()[0].device_kind}, B{B} L{L} H{H} K{K} V{V} bf16; "
-                       "10 calls back to back, one sync", "",
+                       f"{timing(10)}", "",
                        "| op | forward (ms) | forward + backward (ms) |", "| --- | --- | --- |"]
                       + [f"| {n} | {f:.2f} | {b:.2f} |" for n, f, b in rows])
     print("\n" + table)

@@ -16,8 +16,9 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
     Pallas token walk ``pallas_kernels.lion_walk``). A model that does not compile or run
     (out of memory, a refused shape) is reported with the reason.
 
-Every side is timed the same way: one warm-up call, then ``--calls`` calls back to back and
-one sync. Prints the tables; with ``--out`` writes ``table.md`` and ``plot.png``. Needs a GPU.
+Every side is timed the same way (``bench_value_decay.timed``): the median of 5 samples of
+``--calls`` calls back to back with one sync each, after a warm-up call. Prints the tables;
+with ``--out`` writes ``table.md`` and ``plot.png``. Needs a GPU.
 """
 
 import os
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import optax
 from absl import app, flags
 
-from experiments.bench_value_decay import timed
+from experiments.bench_value_decay import timed, timing
 from lion_jax.models import VisionTransformer
 from lion_jax.models.vit import vit_size
 
@@ -145,8 +146,8 @@ def inference_rows(size, batch, resolutions, calls, only=None):
 
 
 def markdown(device, size, train, train_batch, names, results, resolutions, infer_batch, calls):
-    lines = [f"{device}, jax {jax.__version__}, ViT-{size[0].upper()}/16, bf16; {calls} calls "
-             "back to back after a warm-up call, one sync", ""]
+    lines = [f"{device}, jax {jax.__version__}, ViT-{size[0].upper()}/16, bf16; "
+             f"{timing(calls)}", ""]
     if train:
         base = next((ms for n, ms in train if n.startswith("ViT") and not isinstance(ms, str)),
                     None)

@@ -65,3 +65,26 @@ def test_no_gpu_is_one_error_line():
     bad = subprocess.run([sys.executable, "-m", "experiments.bench_scan", "--lengths", "a"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.stderr.strip().splitlines()[-1].startswith("error: --lengths must be integers")
+
+
+def test_timed_is_the_median_of_samples(monkeypatch):
+    """bench_value_decay.timed (every bench_* script's clock): after one warm-up call, SAMPLES
+    samples of `calls` calls and one sync each, the median sample in ms per call."""
+    from experiments import bench_value_decay
+
+    durations = iter([4.0, 1.0, 9.0, 2.5, 7.0])  # seconds per sample, in order
+    clock = {"now": 0.0, "start": True}
+
+    def fake_clock():  # a sample's start reads the clock, its end adds the sample's duration
+        if not clock["start"]:
+            clock["now"] += next(durations)
+        clock["start"] = not clock["start"]
+        return clock["now"]
+
+    calls = []
+    monkeypatch.setattr(bench_value_decay.time, "perf_counter", fake_clock)
+    got = bench_value_decay.timed(lambda x: calls.append(x) or jnp.zeros(()), 1.0, calls=2)
+    assert bench_value_decay.SAMPLES == 5
+    assert len(calls) == 1 + 5 * 2
+    assert got == 4.0 / 2 * 1e3
+    assert "median of 5 samples, each 2 calls" in bench_value_decay.timing(2)
