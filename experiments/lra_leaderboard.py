@@ -68,7 +68,8 @@ def task_name(config):
 def model_name(config):
     """``config["label"]`` when set, else "Transformer" or "LION-" + the mixer variant, with
     " scalar_decay" (the config variant's name) for a LION-S whose decay is one per head
-    (Table 6 [3]; the paper's LRA LION-S has one per value feature)."""
+    (Table 6 [3]; the paper's LRA LION-S has one per value feature), and
+    ", <channel_mixer> blocks" for blocks other than the config's MLP."""
     if config.get("label"):
         return config["label"]
     model = config["model"]
@@ -79,6 +80,8 @@ def model_name(config):
     name = "LION-" + VARIANT_NAMES.get(variant, variant.upper())
     if variant == "s" and mixer.get("decay_shape") == "scalar":
         name += " scalar_decay"
+    if model.get("channel_mixer", "mlp") != "mlp":
+        name += f", {model['channel_mixer']} blocks"
     return name
 
 

@@ -202,6 +202,8 @@ def test_best_eval_takes_the_earliest_of_equal_val():
     ({"mixer": {"variant": "s", "decay_shape": "vector"}}, "LION-S"),
     ({"mixer": {"variant": "s", "decay_shape": "scalar"}}, "LION-S scalar_decay"),
     ({"mixer": {"variant": "d", "decay_shape": "scalar"}}, "LION-D"),
+    ({"mixer": {"variant": "s"}, "channel_mixer": "half_glu"}, "LION-S, half_glu blocks"),
+    ({"mixer_kind": "softmax", "channel_mixer": "mlp"}, "Transformer"),
 ])
 def test_model_names(model, name):
     assert lb.model_name({"model": model, "label": ""}) == name
