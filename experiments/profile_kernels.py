@@ -104,6 +104,26 @@ def launch_settings(q, k, v, dy, g, ops, reps):
         print(f"   {op} D={D} {label}: {found}", flush=True)
 
 
+def dense_line(times, names):
+    """One setting's kernel times: each of ``names`` (``lion_dense_*``) with the summed times of
+    the events whose names start with it, ``?`` when none did, then the sum and the trace's
+    three longest other events (where a kernel under another name would show), so no time is
+    put under the wrong kernel."""
+    cells, total, other = [], 0.0, dict(times)
+    for name in names:
+        hits = [event for event in times if event.startswith(name)]
+        ms = sum(times[event][0] for event in hits)
+        cells.append(f"{name[11:]} {ms:.3f}" if hits else f"{name[11:]} ?")
+        total += ms
+        for event in hits:
+            other.pop(event)
+    line = "  ".join(cells) + f"  sum {total:.3f}"
+    longest = sorted(other.items(), key=lambda item: -item[1][0])[:3]
+    if longest:
+        line += "  (other: " + ", ".join(f"{e[:40]} {t:.3f}" for e, (t, _) in longest) + ")"
+    return line
+
+
 DENSE_CASES = {
     "lit": "LIT, no decay",
     "s": "S, a decay per token and head",
@@ -140,10 +160,7 @@ def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=
             except Exception as e:  # a setting the kernel cannot take (shared memory)
                 print(f"   {setting}: failed: {type(e).__name__}: {e}"[:200], flush=True)
                 continue
-            found = [times[n][0] for n in names if n in times]
-            print(f"   {setting}: " + "  ".join(f"{n[11:]} {t:.3f}" for n, t in
-                                                zip(names, found)) + f"  sum {sum(found):.3f}",
-                  flush=True)
+            print(f"   {setting}: {dense_line(times, names)}", flush=True)
 
 
 def main():

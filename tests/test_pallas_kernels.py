@@ -581,3 +581,15 @@ def test_profile_kernels_errors(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["profile_kernels", "--ops", "lion"])
     with pytest.raises(SystemExit, match="needs a GPU"):
         profile_kernels.main()
+
+
+def test_profile_kernels_dense_line_names_each_kernel():
+    """profile_kernels --dense puts each time under its own kernel: a missing kernel is `?`
+    (not the next kernel's time), renamed events are summed by prefix, the rest are listed."""
+    from experiments.profile_kernels import dense_line
+    names = ("lion_dense_forward", "lion_dense_dq", "lion_dense_dkv")
+    times = {"lion_dense_forward": (0.1, 1), "lion_dense_dkv_1": (0.25, 1),
+             "lion_dense_dkv": (0.05, 1), "fusion_3": (0.02, 2)}
+    line = dense_line(times, names)
+    assert line.startswith("forward 0.100  dq ?  dkv 0.300  sum 0.400")
+    assert line.endswith("(other: fusion_3 0.020)")
