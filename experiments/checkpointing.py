@@ -2,7 +2,8 @@
 
 Layout under the workdir::
 
-    checkpoints/<step>/state   train state: step, params, opt_state, ema_params, rng
+    checkpoints/<step>/state   train state: step, params, opt_state, ema_params, rng (and
+                               model_state for tasks with state_collections, e.g. BatchNorm)
     checkpoints/<step>/meta    JSON: data-iterator state, best-so-far record, last eval
     best/<step>/...            the same two items, for the step with the best eval metric
 

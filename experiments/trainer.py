@@ -49,6 +49,28 @@ class TrainState:
     opt_state: Any
     ema_params: Any  # None when config.optim.ema_decay == 0
     rng: jax.Array  # base key; the step and micro-batch index are folded in
+    # {collection: variables} of the task's ``state_collections`` (BatchNorm's running
+    # statistics), updated by every micro-batch in order; None for tasks without any
+    model_state: Any = None
+
+
+def _stored(state):
+    """``state`` as checkpoints hold it: a dict of its fields, without ``model_state`` for
+    tasks that have none, so checkpoints written before that field existed still restore."""
+    fields = dict(step=state.step, params=state.params, opt_state=state.opt_state,
+                  ema_params=state.ema_params, rng=state.rng)
+    if state.model_state is not None:
+        fields["model_state"] = state.model_state
+    return fields
+
+
+def _task_loss(task, params, model_state, batch, rng, train):
+    """``(loss, metrics, model_state)``: the task's loss, with its model state passed through
+    when it has ``state_collections`` (experiments/tasks/__init__.py) and kept otherwise."""
+    if getattr(task, "state_collections", ()):
+        return task.loss(params, batch, rng, train=train, model_state=model_state)
+    loss, metrics = task.loss(params, batch, rng, train=train)
+    return loss, metrics, model_state
 
 
 def _masked_sums(loss, metrics, mask):
@@ -68,10 +90,10 @@ def make_train_step(task, tx, schedule, config):
     accum = config.grad_accum_steps
     ema_decay = config.optim.ema_decay
 
-    def summed_loss(params, batch, rng):
-        loss, metrics = task.loss(params, batch, rng, train=True)
+    def summed_loss(params, model_state, batch, rng):
+        loss, metrics, model_state = _task_loss(task, params, model_state, batch, rng, True)
         sums = _masked_sums(loss, metrics, batch["mask"])
-        return sums["loss"], sums
+        return sums["loss"], (sums, model_state)
 
     grad_fn = jax.value_and_grad(summed_loss, has_aux=True)
 
@@ -79,18 +101,21 @@ def make_train_step(task, tx, schedule, config):
         step_rng = jax.random.fold_in(state.rng, state.step)
         micro = jax.tree.map(lambda x: x.reshape(-1, accum, *x.shape[1:]).swapaxes(0, 1), batch)
 
-        def micro_step(index, micro_batch):
-            (_, sums), grads = grad_fn(state.params, micro_batch,
-                                       jax.random.fold_in(step_rng, index))
-            return grads, sums
+        def micro_step(model_state, index, micro_batch):
+            (_, (sums, model_state)), grads = grad_fn(
+                state.params, model_state, micro_batch, jax.random.fold_in(step_rng, index))
+            return (grads, sums), model_state
 
-        def accumulate(totals, xs):
-            return jax.tree.map(jnp.add, totals, micro_step(*xs)), None
+        def accumulate(carry, xs):
+            totals, model_state = carry
+            values, model_state = micro_step(model_state, *xs)
+            return (jax.tree.map(jnp.add, totals, values), model_state), None
 
         first = jax.tree.map(lambda x: x[0], micro)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                             jax.eval_shape(micro_step, 0, first))
-        (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum), micro))
+                             jax.eval_shape(micro_step, state.model_state, 0, first)[0])
+        ((grads, sums), model_state), _ = jax.lax.scan(
+            accumulate, (zeros, state.model_state), (jnp.arange(accum), micro))
 
         count = jnp.maximum(sums["count"], 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
@@ -102,32 +127,35 @@ def make_train_step(task, tx, schedule, config):
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["learning_rate"] = schedule(state.step)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                             ema_params=ema), metrics
+                             ema_params=ema, model_state=model_state), metrics
 
     return train_step
 
 
 def make_eval_step(task):
-    """The (unjitted) eval step ``(params, batch) -> (masked sums, gathered)``: ``gathered``
-    holds the per-example values ``[batch]`` of the metrics named by the task's optional
-    ``gathered_metrics`` (those are not summed), padding rows included."""
+    """The (unjitted) eval step ``(params, batch, model_state=None) -> (masked sums,
+    gathered)``: ``gathered`` holds the per-example values ``[batch]`` of the metrics named by
+    the task's optional ``gathered_metrics`` (those are not summed), padding rows included;
+    ``model_state`` is the TrainState's (tasks with ``state_collections``)."""
     gather = tuple(getattr(task, "gathered_metrics", ()))
 
-    def eval_step(params, batch):
-        loss, metrics = task.loss(params, batch, jax.random.PRNGKey(0), train=False)
+    def eval_step(params, batch, model_state=None):
+        loss, metrics, _ = _task_loss(task, params, model_state, batch, jax.random.PRNGKey(0),
+                                      False)
         summed = {k: v for k, v in metrics.items() if k not in gather}
         return _masked_sums(loss, summed, batch["mask"]), {k: metrics[k] for k in gather}
 
     return eval_step
 
 
-def evaluate_split(task, eval_step, params, split, batch_size, put_batch=lambda b: b):
+def evaluate_split(task, eval_step, params, split, batch_size, put_batch=lambda b: b,
+                   model_state=None):
     """``{metric: value}`` of ``split``: the averages over its real examples of the loss and
     the task's per-example metrics, plus ``task.split_metrics(split, gathered)`` when the task
     gathers metrics (values of the real examples, in split order, as numpy arrays)."""
     sums, gathered = None, []
     for batch in task.eval_batches(split, batch_size):
-        out, values = eval_step(params, put_batch(batch))
+        out, values = eval_step(params, put_batch(batch), model_state)
         sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
         if values:
             real = np.asarray(batch["mask"]) > 0
@@ -195,19 +223,26 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
         params_sharding = sharding.param_shardings(
             jax.eval_shape(task.init, init_rng), mesh, rules)["params"]
 
-        def fresh_params():
-            return nn.meta.unbox(task.init(init_rng))["params"]
+        collections = tuple(getattr(task, "state_collections", ()))
 
-        def init_state(params):
+        def fresh_variables():
+            """``(params, model_state)``: the task's fresh parameters and, for tasks with
+            ``state_collections``, their other variables (else None)."""
+            variables = nn.meta.unbox(task.init(init_rng))
+            return variables["params"], ({c: variables[c] for c in collections}
+                                         if collections else None)
+
+        def init_state(params, model_state):
             return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                               opt_state=tx.init(params),
                               ema_params=params if config.optim.ema_decay > 0 else None,
-                              rng=train_rng)
+                              rng=train_rng, model_state=model_state)
 
-        abstract_state = jax.eval_shape(lambda: init_state(fresh_params()))
+        abstract_state = jax.eval_shape(lambda: init_state(*fresh_variables()))
         split, metric = config.best_metric.split("/", 1)
         sums, _ = jax.eval_shape(make_eval_step(task), abstract_state.params,
-                                 next(iter(task.eval_batches(split, config.eval_batch_size))))
+                                 next(iter(task.eval_batches(split, config.eval_batch_size))),
+                                 abstract_state.model_state)
         names = [k for k in sums if k != "count"] + list(getattr(task, "split_metric_names", ()))
         if metric not in names:
             raise UserError(f"config.best_metric={config.best_metric!r}: {split} has no metric "
@@ -216,27 +251,30 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
             step=repl, params=params_sharding,
             opt_state=optax.tree_map_params(tx, lambda _, s: s, abstract_state.opt_state,
                                             params_sharding, transform_non_params=lambda _: repl),
-            ema_params=params_sharding if config.optim.ema_decay > 0 else None, rng=repl)
+            ema_params=params_sharding if config.optim.ema_decay > 0 else None, rng=repl,
+            model_state=jax.tree.map(lambda _: repl, abstract_state.model_state))
         train_step = jax.jit(make_train_step(task, tx, schedule, config),
                              in_shardings=(state_sharding, data_sharding),
                              out_shardings=(state_sharding, repl), donate_argnums=0)
-        eval_step = jax.jit(make_eval_step(task), in_shardings=(params_sharding, data_sharding),
-                            out_shardings=repl)
+        eval_step = jax.jit(make_eval_step(task), in_shardings=(
+            params_sharding, data_sharding, state_sharding.model_state), out_shardings=repl)
 
         checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
         train_batches = task.train_batches(config.batch_size, config.seed)
-        restored = checkpointer.restore_latest(jax.tree.map(
+        restored = checkpointer.restore_latest(_stored(jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            abstract_state, state_sharding))
+            abstract_state, state_sharding)))
         if restored is None:
-            params = jax.jit(fresh_params, out_shardings=params_sharding)()
+            params, model_state = jax.jit(fresh_variables, out_shardings=(
+                params_sharding, state_sharding.model_state))()
             if hasattr(task, "warm_start"):  # e.g. a pre-trained encoder, read on the host
                 params = sharding.put_global(task.warm_start(sharding.to_host(params)),
                                              params_sharding)
-            state = jax.jit(init_state, out_shardings=state_sharding)(params)
+            state = jax.jit(init_state, out_shardings=state_sharding)(params, model_state)
             record = {"best": None, "last_eval": None}
         else:
-            state, meta = restored
+            stored, meta = restored
+            state = TrainState(**stored)
             train_batches.set_state(meta["data_state"])
             record = meta["record"]
         start_step = int(state.step)
@@ -300,7 +338,7 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
                     for split in task.eval_splits:
                         results = evaluate_split(
                             task, eval_step, eval_params, split, config.eval_batch_size,
-                            lambda b: sharding.put_batch(b, data_sharding))
+                            lambda b: sharding.put_batch(b, data_sharding), state.model_state)
                         writer.write(step, split, results)
                         flat.update({f"{split}/{k}": v for k, v in results.items()})
                     echo(f"step {step}: " + ", ".join(
@@ -309,9 +347,10 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
                     best = record["best"]
                     if best is None or flat[config.best_metric] > best[config.best_metric]:
                         record["best"] = flat
-                        checkpointer.save(step, state, _meta(train_batches, record), best=True)
+                        checkpointer.save(step, _stored(state), _meta(train_batches, record),
+                                        best=True)
                 if do_save:
-                    checkpointer.save(step, state, _meta(train_batches, record))
+                    checkpointer.save(step, _stored(state), _meta(train_batches, record))
                     if (config.max_run_seconds and not last
                             and time.time() - start_time > config.max_run_seconds):
                         echo(f"Stopping at step {step} of {total_steps}: this run has reached "

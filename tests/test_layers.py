@@ -496,8 +496,8 @@ def test_mlp_and_block(rng):
         y_drop = block.apply(variables, x, mask, deterministic=False,
                              rngs={"dropout": jax_key(rng)})
         assert not np.allclose(y_drop, y)
-    with pytest.raises(ValueError, match="unknown norm"):
-        ResidualBlock(dict(num_heads=H, head_dim=K), mlp_dim=32, norm="batchnorm")
+    with pytest.raises(ValueError, match="unknown norm 'groupnorm'"):
+        ResidualBlock(dict(num_heads=H, head_dim=K), mlp_dim=32, norm="groupnorm")
     with pytest.raises(ValueError, match="unknown mixer kind 'mamba'"):
         ResidualBlock(dict(num_heads=H, head_dim=K), mlp_dim=32, mixer_kind="mamba")
 

@@ -138,7 +138,7 @@ def test_sinusoidal_embedding():
     (dict(pos_emb="rope"), "unknown pos_emb"),
     (dict(pos_emb="learned"), "needs max_len"),
     (dict(d_model=15), "not divisible"),
-    (dict(norm="batchnorm"), "unknown norm"),
+    (dict(norm="groupnorm"), "unknown norm"),
     (dict(mixer=dict(num_heads=4)), "not in mixer"),
     (dict(channel_mixer="glu"), "unknown channel_mixer"),
 ])
@@ -292,3 +292,62 @@ def test_half_glu_blocks_are_s5_layers(rng):
     grads = jax.grad(loss)(params)
     assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
     assert float(jnp.abs(grads["block_0"]["glu"]["kernel"]).sum()) > 0
+
+
+def test_sequence_batchnorm_matches_formula(rng):
+    """SequenceBatchNorm (S5's BatchNorm): in training the mean and variance of the real tokens
+    only (over batch and length, per feature), and the running averages moved by
+    ``1 - momentum`` towards them; in evaluation those averages. Float32, odd sizes."""
+    from lion_jax.layers.norms import SequenceBatchNorm
+
+    Bn, Ln, D, momentum = 3, 13, 7, 0.8
+    x = jnp.asarray(rng.normal(1.5, 2.0, size=(Bn, Ln, D)), jnp.float32)
+    mask = jnp.asarray(rng.random((Bn, Ln)) < 0.7).at[:, 0].set(True)
+    norm = SequenceBatchNorm(momentum=momentum)
+    variables = norm.init(jax_key(rng), x, mask, deterministic=True)
+    params = {"bn": {"scale": jnp.asarray(rng.normal(size=D), jnp.float32),
+                     "bias": jnp.asarray(rng.normal(size=D), jnp.float32)}}
+    got, state = norm.apply({"params": params, **{"batch_stats": variables["batch_stats"]}},
+                            x, mask, deterministic=False, mutable=["batch_stats"])
+    real = np.asarray(x)[np.asarray(mask)]  # [tokens, D]
+    mean, var = real.mean(0), real.var(0)
+    scale, bias = np.asarray(params["bn"]["scale"]), np.asarray(params["bn"]["bias"])
+    want = (np.asarray(x) - mean) / np.sqrt(var + 1e-5) * scale + bias
+    m = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(got)[m], want[m], rtol=1e-5, atol=1e-5)
+    stats = state["batch_stats"]["bn"]
+    np.testing.assert_allclose(stats["mean"], (1 - momentum) * mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats["var"], momentum + (1 - momentum) * var, rtol=1e-5)
+
+    evaluated = norm.apply({"params": params, "batch_stats": state["batch_stats"]}, x, mask,
+                           deterministic=True)
+    want = ((np.asarray(x) - stats["mean"]) / np.sqrt(np.asarray(stats["var"]) + 1e-5)
+            * scale + bias)
+    np.testing.assert_allclose(evaluated, want, rtol=1e-5, atol=1e-5)
+
+
+def test_batchnorm_classifier_ignores_padding_and_its_batch(rng):
+    """norm="batchnorm": padding changes no real output in training (masked statistics) or
+    evaluation, evaluation gives an example the same logits in any batch, training moves the
+    running statistics of every norm, and a bad norm is one error naming the valid ones."""
+    model = make_model(norm="batchnorm", channel_mixer="half_glu", bn_momentum=0.9)
+    tokens = random_tokens(rng).at[0, 7:].set(0)
+    padded = jnp.concatenate([tokens, jnp.zeros((B, 4), jnp.int32)], axis=1)
+    variables = model.init(jax_key(rng), tokens, train=False)
+    assert set(variables["batch_stats"]) == {"block_0", "block_1", "final_norm"}
+
+    train = [model.apply(variables, t, train=True, mutable=["batch_stats"]) for t in
+             (tokens, padded)]
+    np.testing.assert_allclose(train[0][0], train[1][0], rtol=1e-5, atol=1e-6)
+    moved = train[0][1]["batch_stats"]
+    assert all(not np.allclose(a, b) for a, b in zip(
+        jax.tree_util.tree_leaves(moved), jax.tree_util.tree_leaves(variables["batch_stats"])))
+
+    trained = {"params": variables["params"], "batch_stats": moved}
+    full = model.apply(trained, tokens, train=False)
+    np.testing.assert_allclose(model.apply(trained, padded, train=False), full, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(model.apply(trained, tokens[1:], train=False), full[1:],
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"unknown norm 'groupnorm'.*'batchnorm'"):
+        make_model(norm="groupnorm")

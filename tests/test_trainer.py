@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -23,9 +24,11 @@ SEQ, VOCAB, CLASSES = 8, 16, 4
 
 
 class ToyModel(nn.Module):
-    """Embed -> mean -> Dense -> relu -> Dropout -> Dense, with logical-axis annotations."""
+    """Embed -> mean -> Dense -> (BatchNorm) -> relu -> Dropout -> Dense, with logical-axis
+    annotations."""
 
     dropout: float = 0.0
+    batchnorm: bool = False
 
     @nn.compact
     def __call__(self, tokens, scale, *, train):
@@ -35,6 +38,8 @@ class ToyModel(nn.Module):
         x = nn.Dense(32, kernel_init=nn.with_logical_partitioning(
             nn.initializers.lecun_normal(), ("embed", "mlp")),
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x)
+        if self.batchnorm:
+            x = nn.BatchNorm(use_running_average=not train, momentum=0.8)(x)
         x = nn.Dropout(self.dropout, deterministic=not train)(nn.relu(x))
         return nn.Dense(CLASSES, kernel_init=nn.with_logical_partitioning(
             nn.initializers.lecun_normal(), ("mlp", "classes")))(x)
@@ -59,29 +64,35 @@ class FaultyIterator(BatchIterator):
 
 
 class ToyTask:
-    """Label = first token mod 4; 256 train, 48 val and test examples."""
+    """Label = first token mod 4; 256 train, 48 val and test examples. ``batchnorm=True``: a
+    model with running statistics (``state_collections``, experiments/tasks/__init__.py)."""
 
     eval_splits = ("val", "test")
 
-    def __init__(self, dropout=0.0, fail_at=None, nan_at=None):
+    def __init__(self, dropout=0.0, fail_at=None, nan_at=None, batchnorm=False):
         data_rng = np.random.default_rng(0)
         self.splits = {}
         for split, n in (("train", 256), ("val", 48), ("test", 48)):
             tokens = data_rng.integers(0, VOCAB, (n, SEQ)).astype(np.int32)
             self.splits[split] = dict(tokens=tokens, labels=tokens[:, 0] % CLASSES,
                                       scale=np.ones(n, np.float32))
-        self.model = ToyModel(dropout)
+        self.model = ToyModel(dropout, batchnorm)
         self.fail_at, self.nan_at = fail_at, nan_at
+        self.state_collections = ("batch_stats",) if batchnorm else ()
 
     def init(self, rng):
         return self.model.init({"params": rng}, jnp.zeros((1, SEQ), jnp.int32), jnp.ones(1),
                                train=False)
 
-    def loss(self, params, batch, rng, *, train):
-        logits = self.model.apply({"params": params}, batch["tokens"], batch["scale"],
-                                  train=train, rngs={"dropout": rng})
+    def loss(self, params, batch, rng, *, train, model_state=None):
+        mutable = ["batch_stats"] if train and self.state_collections else False
+        out = self.model.apply({"params": params, **(model_state or {})}, batch["tokens"],
+                               batch["scale"], train=train, rngs={"dropout": rng},
+                               mutable=mutable)
+        logits, new_state = out if mutable else (out, model_state)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
-        return loss, {"accuracy": (jnp.argmax(logits, -1) == batch["labels"]).astype(jnp.float32)}
+        metrics = {"accuracy": (jnp.argmax(logits, -1) == batch["labels"]).astype(jnp.float32)}
+        return (loss, metrics, new_state) if self.state_collections else (loss, metrics)
 
     def train_batches(self, batch_size, seed):
         return FaultyIterator(self.splits["train"], batch_size, shuffle=True, seed=seed,
@@ -177,17 +188,47 @@ def test_grad_accumulation_matches_full_batch(tmp_path):
     np.testing.assert_allclose(train_losses(accum), train_losses(full), rtol=1e-5)
 
 
-def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path):
+def test_batchnorm_statistics_train_and_evaluate(tmp_path):
+    """A task with model state: the running statistics move with every micro-batch, in order
+    (with grad_accum_steps=2 a step moves them twice) and are saved in the checkpoint (that
+    evaluation reads them is the BatchNorm case of the resume test below)."""
+
+    def stats(workdir):  # the last checkpoint's running statistics, read on the host
+        with ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
+                                   item_handlers={"state": ocp.StandardCheckpointHandler()}) as m:
+            step = m.latest_step()
+            target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
+                                  m.item_metadata(step)["state"])
+            state = m.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target))).state
+        return state["model_state"]["batch_stats"]["BatchNorm_0"]
+
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    train_and_evaluate(toy_config(), one, task=ToyTask(batchnorm=True))
+    train_and_evaluate(toy_config(grad_accum_steps=2), two, task=ToyTask(batchnorm=True))
+    moved_once, moved_twice = stats(one), stats(two)
+    assert np.abs(moved_once["mean"]).max() > 1e-3  # from zeros
+    assert not np.allclose(moved_once["mean"], moved_twice["mean"])
+    assert np.all(np.isfinite(train_losses(one))) and np.all(np.isfinite(train_losses(two)))
+
+
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path, batchnorm):
+    """Also with BatchNorm: its running statistics are checkpointed with the state (the evals,
+    which use them, come out bit-identical)."""
     overrides = {"num_train_steps": 8, "checkpoint_every": 2, "eval_every": 4,
                  "optim.ema_decay": 0.9, "mesh.data": 2, "mesh.fsdp": 4}
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-    expected = train_and_evaluate(toy_config(**overrides), straight, task=ToyTask(dropout=0.2))
+    expected = train_and_evaluate(toy_config(**overrides), straight,
+                                  task=ToyTask(dropout=0.2, batchnorm=batchnorm))
 
     with pytest.raises(RuntimeError, match="simulated kill"):  # dies fetching step 6's batch
-        train_and_evaluate(toy_config(**overrides), killed, task=ToyTask(dropout=0.2, fail_at=6))
+        train_and_evaluate(toy_config(**overrides), killed,
+                           task=ToyTask(dropout=0.2, fail_at=6, batchnorm=batchnorm))
     assert sorted(os.listdir(os.path.join(killed, "checkpoints"))) == ["2", "4"]
     assert records(killed)[-1]["step"] == 5
-    resumed = train_and_evaluate(toy_config(**overrides), killed, task=ToyTask(dropout=0.2))
+    resumed = train_and_evaluate(toy_config(**overrides), killed,
+                                 task=ToyTask(dropout=0.2, batchnorm=batchnorm))
 
     assert records(killed) == records(straight)  # bit-identical, evals included
     assert resumed["best"] == expected["best"] and resumed["final"] == expected["final"]

@@ -55,6 +55,11 @@ class Task(Protocol):
     #   returns (``config.best_metric`` may name one).
     # warm_start(params) -> params: called once on the fresh parameters (host numpy arrays,
     #   unboxed) before the first step of a new run, e.g. to load a pre-trained encoder.
+    # state_collections: tuple[str, ...] -- model variables other than "params" that training
+    #   updates (BatchNorm's "batch_stats"). When not empty, ``init`` returns them too and
+    #   ``loss(params, batch, rng, *, train, model_state)`` takes ``{collection: variables}``
+    #   and returns ``(loss, metrics, new model_state)`` (evaluation: the same state back);
+    #   the trainer keeps the state in its TrainState and checkpoints.
 
 
 def model_size_and_dtypes(kwargs, dims_of, size_keys, sizes):

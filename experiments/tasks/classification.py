@@ -108,16 +108,24 @@ class ClassificationTask:
                 "", "", str(e))
             raise UserError(f"bad config.model{'.' + key if key else ''}: {message}") from e
         self._seq_len = self.splits["train"][self._inputs_keys[0]].shape[1]
+        self.state_collections = ("batch_stats",) if config.model.norm == "batchnorm" else ()
 
     def init(self, rng):
         tokens = [jnp.zeros((1, self._seq_len), jnp.int32)] * len(self._inputs_keys)
         return self.model.init({"params": rng}, *tokens, train=False)
 
-    def loss(self, params, batch, rng, *, train):
-        logits = self.model.apply({"params": params}, *(batch[k] for k in self._inputs_keys),
-                                  train=train, rngs={"dropout": rng})
+    def loss(self, params, batch, rng, *, train, model_state=None):
+        """Per-example cross-entropy and accuracy; with BatchNorm (``state_collections``) also
+        the running statistics, updated in training (see experiments/tasks/__init__.py)."""
+        inputs = [batch[k] for k in self._inputs_keys]
+        mutable = list(self.state_collections) if train and self.state_collections else False
+        out = self.model.apply({"params": params, **(model_state or {})}, *inputs, train=train,
+                               rngs={"dropout": rng}, mutable=mutable)
+        logits, new_state = out if mutable else (out, model_state)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
         accuracy = (jnp.argmax(logits, -1) == batch["labels"]).astype(jnp.float32)
+        if self.state_collections:
+            return loss, {"accuracy": accuracy}, new_state
         return loss, {"accuracy": accuracy}
 
     def train_batches(self, batch_size, seed):

@@ -9,7 +9,7 @@ from lion_jax.layers.glu import SwiGlu
 from lion_jax.layers.lightnet import LightNetAttention
 from lion_jax.layers.lion import LionAttention
 from lion_jax.layers.mlp import Mlp
-from lion_jax.layers.norms import check_norm, make_norm
+from lion_jax.layers.norms import SEQUENCE_NORMS, check_norm, sequence_norm
 from lion_jax.layers.softmax import SoftmaxAttention
 
 MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention, "lightnet": LightNetAttention}
@@ -81,7 +81,10 @@ class ResidualBlock(nn.Module):
       dropout: rate of the residual-branch dropouts and the MLP's inner dropout.
       drop_path: stochastic depth: the rate at which a residual branch is dropped for a whole
         example in training (the kept ones scaled by ``1 / (1 - rate)``).
-      norm: ``"layernorm"`` or ``"rmsnorm"``.
+      norm: ``"layernorm"``, ``"rmsnorm"`` or ``"batchnorm"`` (S5's, over the batch's real
+        tokens, :class:`lion_jax.layers.norms.SequenceBatchNorm`; its running statistics are
+        the ``batch_stats`` collection, mutable in training).
+      bn_momentum: the running statistics' momentum of ``"batchnorm"``.
       dtype, param_dtype: compute and parameter dtypes.
     """
 
@@ -92,11 +95,12 @@ class ResidualBlock(nn.Module):
     dropout: float = 0.0
     drop_path: float = 0.0
     norm: str = "layernorm"
+    bn_momentum: float = 0.9
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
     def __post_init__(self):
-        check_norm(self.norm)
+        check_norm(self.norm, SEQUENCE_NORMS)
         if self.channel_mixer not in CHANNEL_MIXERS:
             raise ValueError(f"unknown channel_mixer {self.channel_mixer!r}; valid: "
                              f"{list(CHANNEL_MIXERS)}")
@@ -116,7 +120,11 @@ class ResidualBlock(nn.Module):
             return nn.Dropout(self.drop_path, broadcast_dims=(1, 2))(
                 h, deterministic=deterministic)
 
-        h = make_norm(self.norm, **dtypes, name="mixer_norm")(x)
+        def norm(h, name):
+            return sequence_norm(self.norm, h, mask, deterministic=deterministic,
+                                 bn_momentum=self.bn_momentum, **dtypes, name=name)
+
+        h = norm(x, "mixer_norm")
         mixer = MIXERS[self.mixer_kind](**self.mixer, **dtypes, name="mixer")
         if orders is not None:
             if self.mixer_kind != "lion":
@@ -132,7 +140,7 @@ class ResidualBlock(nn.Module):
                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(h)
             return x + branch(h * nn.sigmoid(gate))
         x = x + branch(h)
-        h = make_norm(self.norm, **dtypes, name="mlp_norm")(x)
+        h = norm(x, "mlp_norm")
         if self.channel_mixer == "swiglu":
             h = SwiGlu(self.mlp_dim, init_std=None, **dtypes, name="mlp")(h)
         else:

@@ -9,7 +9,7 @@ from flax.linen.linear import default_embed_init
 
 from lion_jax.layers.block import CHANNEL_MIXERS, ResidualBlock, model_mixer_kwargs
 from lion_jax.layers.embed import OneHotEmbed
-from lion_jax.layers.norms import check_norm, make_norm
+from lion_jax.layers.norms import SEQUENCE_NORMS, check_norm, sequence_norm
 
 POOLINGS = ("mean", "cls", "last")
 POS_EMBS = ("none", "learned", "sinusoidal")
@@ -54,7 +54,11 @@ class SequenceClassifier(nn.Module):
       mixer: the mixer's keyword arguments (LION: ``variant``, ``impl``, ``chunk_size``,
         ``feature_map``, ...), except ``num_heads``, ``head_dim``, ``dtype`` and
         ``param_dtype``, which come from this module. Checked when the model is built.
-      norm: ``"layernorm"`` or ``"rmsnorm"``.
+      norm: ``"layernorm"``, ``"rmsnorm"`` or ``"batchnorm"`` (S5's, per feature over the
+        batch's real tokens; running statistics in the ``batch_stats`` collection, which
+        training applies as mutable: :class:`lion_jax.layers.norms.SequenceBatchNorm`).
+      bn_momentum: the running statistics' momentum of ``"batchnorm"`` (S5: 0.9 on
+        Pathfinder, 0.95 elsewhere).
       input_encoding: ``"embed"`` (a learned embedding of the ids; LRA feeds pixel intensities
         this way) or ``"pixels"`` (ids are 8-bit intensities, mapped to ``(x / 255 - 0.5) /
         0.5`` and through ``Dense(1 -> d_model)``, as S5 feeds images).
@@ -78,6 +82,7 @@ class SequenceClassifier(nn.Module):
     mixer_kind: str = "lion"
     mixer: Mapping[str, Any] = FrozenDict()
     norm: str = "layernorm"
+    bn_momentum: float = 0.9
     input_encoding: str = "embed"
     pad_id: int | None = 0
     dtype: Any = None
@@ -93,7 +98,7 @@ class SequenceClassifier(nn.Module):
         if self.input_encoding not in INPUT_ENCODINGS:
             raise ValueError(f"unknown input_encoding {self.input_encoding!r}; valid: "
                              f"{list(INPUT_ENCODINGS)}")
-        check_norm(self.norm)
+        check_norm(self.norm, SEQUENCE_NORMS)
         if self.channel_mixer not in CHANNEL_MIXERS:
             raise ValueError(f"unknown channel_mixer {self.channel_mixer!r}; valid: "
                              f"{list(CHANNEL_MIXERS)}")
@@ -144,9 +149,11 @@ class SequenceClassifier(nn.Module):
         for i in range(self.num_layers):
             x = ResidualBlock(self._mixer_kwargs(), self.mlp_dim, mixer_kind=self.mixer_kind,
                               channel_mixer=self.channel_mixer, dropout=self.dropout,
-                              norm=self.norm, **dtypes,
+                              norm=self.norm, bn_momentum=self.bn_momentum, **dtypes,
                               name=f"block_{i}")(x, mask, deterministic=deterministic)
-        x = make_norm(self.norm, **dtypes, name="final_norm")(x).astype(jnp.float32)
+        x = sequence_norm(self.norm, x, mask, deterministic=deterministic,
+                          bn_momentum=self.bn_momentum, **dtypes,
+                          name="final_norm").astype(jnp.float32)
 
         if self.pooling == "cls":
             pooled = x[:, 0]
