@@ -91,6 +91,8 @@ LRA_VARIANTS = {
     "unmasked_scale": "Table 6 [5]: SCALE by the unmasked row sum",
     "no_selectivity": "Table 6 [6]: the HiPPO decay alone (LION-D with a per-feature decay)",
     "softplus": "Table 6 [7]: a_i = -softplus(w^T x_i + b)",
+    "s5_block": "LION-S in S5's layer (the repository paper D.2 follows): BatchNorm, "
+                "GELU + half-GLU, no MLP",
 }
 
 
@@ -114,11 +116,13 @@ def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
               input_encoding="embed"):
     """The LRA classifier of every task: pre-norm LION-S blocks, MLP width ``2 * d_model``,
     LayerNorm, mean pooling, no positions (LION-S orders tokens by its decay), bf16 compute.
-    ``channel_mixer="half_glu"`` swaps each block's MLP for S5's one-branch GELU + half-GLU."""
+    ``channel_mixer="half_glu"`` swaps each block's MLP for S5's one-branch GELU + half-GLU;
+    ``norm="batchnorm"`` takes S5's BatchNorm (running statistics with momentum
+    ``bn_momentum``, S5's default 0.95) for every norm."""
     return ml_collections.ConfigDict(dict(
         d_model=d_model, num_layers=num_layers, num_heads=num_heads, mlp_dim=2 * d_model,
         channel_mixer="mlp", dropout=dropout, pooling="mean", pos_emb="none", max_len=max_len,
-        norm="layernorm", input_encoding=input_encoding, mixer_kind="lion",
+        norm="layernorm", bn_momentum=0.95, input_encoding=input_encoding, mixer_kind="lion",
         mixer=lra_lion_s_mixer(), dtype="bfloat16", param_dtype="float32"))
 
 
@@ -138,7 +142,10 @@ def apply_lra_variant(c, variant):
         "no_selectivity": dict(variant="d"),
         "softplus": dict(decay_activation="softplus"),
     }
-    if variant == "transformer":
+    if variant == "s5_block":
+        c.model.update(channel_mixer="half_glu", norm="batchnorm")
+        c.label = "LION-S, S5 block"
+    elif variant == "transformer":
         c.model.mixer_kind = "softmax"
         c.model.mixer = ml_collections.ConfigDict(dict(impl="auto"))
         c.model.pos_emb = "learned"

@@ -34,6 +34,7 @@ def get_config(arg=None, resolution=RESOLUTION):
         val_fraction=0.1, test_fraction=0.1, seed=0, num_workers=0))  # 0: one per CPU
     c.model = common.lra_model(d_model=192, num_layers=6, dropout=0.05,
                                max_len=resolution * resolution, input_encoding="pixels")
+    c.model.bn_momentum = 0.9  # S5's Pathfinder and Path-X scripts (with norm="batchnorm")
     common.lra_training(c, train_size=160_000, batch_size=64, epochs=200, weight_decay=0.03)
     if variant == "tiny":
         c.data.num_examples = 64
