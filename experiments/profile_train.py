@@ -136,13 +136,11 @@ def main(argv):
     tx, schedule = optim.make_optimizer(config.optim, config.num_train_steps)
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     data_sharding = sharding.batch_sharding(mesh)
-    variables = jax.jit(lambda r: nn.meta.unbox(task.init(r)))(jax.random.PRNGKey(0))
-    params = variables["params"]
-    collections = tuple(getattr(task, "state_collections", ()))
+    params, model_state = trainer.split_variables(task, jax.jit(
+        lambda r: nn.meta.unbox(task.init(r)))(jax.random.PRNGKey(0)))
     state = trainer.TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
                                opt_state=tx.init(params), ema_params=None,
-                               rng=jax.random.PRNGKey(1),
-                               model_state={c: variables[c] for c in collections} or None)
+                               rng=jax.random.PRNGKey(1), model_state=model_state)
     step_fn = jax.jit(trainer.make_train_step(task, tx, schedule, config), donate_argnums=0)
     batches = task.train_batches(config.batch_size, config.seed)
     fixed = [sharding.put_batch(next(batches), data_sharding) for _ in range(4)]

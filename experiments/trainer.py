@@ -24,6 +24,7 @@ computes exactly what the uninterrupted run computes (the train-metric averages 
 ``checkpoint_every`` is a multiple of ``log_every``).
 """
 
+import dataclasses
 import os
 import time
 from typing import Any
@@ -57,11 +58,16 @@ class TrainState:
 def _stored(state):
     """``state`` as checkpoints hold it: a dict of its fields, without ``model_state`` for
     tasks that have none, so checkpoints written before that field existed still restore."""
-    fields = dict(step=state.step, params=state.params, opt_state=state.opt_state,
-                  ema_params=state.ema_params, rng=state.rng)
-    if state.model_state is not None:
-        fields["model_state"] = state.model_state
-    return fields
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)
+            if not (f.name == "model_state" and state.model_state is None)}
+
+
+def split_variables(task, variables):
+    """``(params, model_state)`` of a task's unboxed variables: the model state is the task's
+    ``state_collections`` (None when it has none)."""
+    collections = tuple(getattr(task, "state_collections", ()))
+    return variables["params"], ({c: variables[c] for c in collections} if collections
+                                 else None)
 
 
 def _task_loss(task, params, model_state, batch, rng, train):
@@ -223,14 +229,8 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
         params_sharding = sharding.param_shardings(
             jax.eval_shape(task.init, init_rng), mesh, rules)["params"]
 
-        collections = tuple(getattr(task, "state_collections", ()))
-
         def fresh_variables():
-            """``(params, model_state)``: the task's fresh parameters and, for tasks with
-            ``state_collections``, their other variables (else None)."""
-            variables = nn.meta.unbox(task.init(init_rng))
-            return variables["params"], ({c: variables[c] for c in collections}
-                                         if collections else None)
+            return split_variables(task, nn.meta.unbox(task.init(init_rng)))
 
         def init_state(params, model_state):
             return TrainState(step=jnp.zeros((), jnp.int32), params=params,
