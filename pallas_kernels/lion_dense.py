@@ -98,7 +98,8 @@ BLOCK = 64
 # shape B = 256, L = 197, H = 3, K = V = 64, bf16, the row- and column-snake orders, 4 warps;
 # one H100, 2026-11-26, `python -m experiments.profile_kernels --dense --dense_cases s_v2`).
 # The forward and dq kernels stay at BLOCK there (0.13 and 0.20 ms at 64 rows, 0.19 and 0.32
-# at 32), and one order keeps BLOCK for all three (dk/dv 0.21 ms at 64 rows).
+# at 32). One order keeps BLOCK for all three (dk/dv 0.21 ms at 64 rows); its dk/dv time at 32
+# rows was not isolated in that run, so whether 32 rows helps one order too is not known.
 ORDERS_DKV_BLOCK = 32
 NUM_WARPS = 4
 NUM_STAGES = 2
