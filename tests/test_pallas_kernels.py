@@ -57,13 +57,13 @@ def f64(x):
     return None if x is None else jnp.asarray(np.asarray(x, np.float64))
 
 
-def check_close(got, want, dtype, what):
-    """Relative errors within ``TOL[dtype]``."""
-    for name, a, b in zip(what, got, want):
+def check_close(got, want, dtype, what, floors=None):
+    """Relative errors within ``TOL[dtype]``, or within ``floors[i]`` where that is larger."""
+    for i, (name, a, b) in enumerate(zip(what, got, want)):
         err = rel_err(a, b)
-        tol = TOL[dtype]
+        tol = max(TOL[dtype], floors[i]) if floors else TOL[dtype]
         print(f"{name}: rel err {err:.2e}")
-        assert err <= tol, f"{name}: relative error {err:.3e} > {tol}"
+        assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.3e}"
 
 
 # Kernels, references and their gradients run under one jax.jit each (cached per function, so
@@ -185,9 +185,17 @@ def test_bidirectional_forward_and_grads(rng, L, K, V, chunk, decay, normalize, 
         args64 = tuple(f64(a) for a in args)
         want = jitted(reference)(*args64)
         want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
+    floors = None
+    if normalize:
+        # Normalised LION's dq, dk are sums that cancel, more so with wide values: the
+        # materialised form in exact float32 dots reached 1.13e-5 on dq (L 33, V 256, strong
+        # decay, seed 2731391387; the kernels 1.07e-5 and 0.91e-5). Where float32 itself
+        # cannot reach TOL, a kernel may be off by at most twice the float32 reference's error.
+        ref32_grads, _ = loss_and_grads(reference, args, (dy.astype(jnp.float32),))
+        floors = [2 * rel_err(a, b) for a, b in zip(ref32_grads, want_grads)]
     names = "q k v log_decay".split()
     check_close([got], [want], jnp.float32, ["y"])
-    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
+    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums], floors)
 
 
 cached_kernel_and_reference = functools.lru_cache(maxsize=None)(kernel_and_reference)
