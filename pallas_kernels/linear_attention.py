@@ -185,15 +185,16 @@ def _bidir_bwd(cfg, res, dy):
     return _bidir_grads(q, k, g, cfg, dy, v, dy)
 
 
-def _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum, with_dq=True):
+def _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum, with_dq=True, pairs=None):
     """``(dq, dk, dv, dlog_decay)`` of the numerator ``Bidir(q, k, v)`` by six scans: the weights'
     cotangent is ``dq_in_i . v_in_j`` (``dnum``, ``v`` for the numerator alone; with LION's
-    normaliser the columns of :func:`_normalised_cotangents`), dv takes ``dnum``. ``with_dq``
-    False: dq is None (normalised LION takes it from :func:`_normalised_dq`)."""
+    normaliser the columns of :func:`_normalised_cotangents`, whose float32 ``pairs`` then
+    give d log_decay), dv takes ``dnum``. ``with_dq`` False: dq is None (normalised LION takes
+    it from :func:`_normalised_dq`)."""
     dq = sum(_bidir_scans(dq_in, v_in, k, g, cfg)).astype(q.dtype) if with_dq else None
     dk = sum(_bidir_scans(v_in, dq_in, q, g, cfg))
     dv = sum(_bidir_scans(k, q, dnum, g, cfg))
-    dA = lion_pair_sums(q, k, v_in, dq_in, g, chunk=cfg["chunk"])
+    dA = lion_pair_sums(q, k, *(pairs or (v_in, dq_in)), g, chunk=cfg["chunk"])
     return dq, dk.astype(k.dtype), dv.astype(dnum.dtype), dA.astype(g.dtype)
 
 
@@ -234,8 +235,8 @@ def _bidir_normalised_bwd(cfg, eps, res, dy):
     dm = None
     if m is not None:  # the values' centre is a constant (centred_values)
         y, dm = y - m[:, None], jnp.zeros_like(m)
-    dnum, dq_in, v_in = _normalised_cotangents(dy, y, den, eps, v)
-    _, dk, dv, dA = _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum, with_dq=False)
+    dnum, dq_in, v_in, pairs = _normalised_cotangents(dy, y, den, eps, v)
+    _, dk, dv, dA = _bidir_grads(q, k, g, cfg, dq_in, v_in, dnum, with_dq=False, pairs=pairs)
     return _normalised_dq(q, k, v, g, cfg, dy, y, den, eps), dk, dv, dA, dm
 
 
@@ -296,18 +297,18 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
                                                interpret=cfg["interpret"],
                                                backend=cfg["backend"])
         return dq, dk, dv, dlog_decay.astype(g.dtype), dm
-    dnum, dq_in, v_in = dy, dy, v
+    dnum, dq_in, v_in, pairs = dy, dy, v, (v, dy)
     if normalize:  # larger head dims: fused scans, [dnum | dden] against [v | 1]
         y = to_float32(y, low)
         if m is not None:
             y = y - m[:, None]
-        dnum, dq_in, v_in = _normalised_cotangents(dy, y, den, eps, v)
+        dnum, dq_in, v_in, pairs = _normalised_cotangents(dy, y, den, eps, v)
         dq = _normalised_dq(q, k, v, g, cfg, dy, y, den, eps)
     else:
         dq = scan(dq_in, v_in, k, g, out_dtype=q.dtype)
     dk = scan(v_in, dq_in, q, g, out_dtype=k.dtype)
     dv = scan(k, q, dnum, g, out_dtype=v.dtype)
-    dA = lion_pair_sums(q, k, v_in, dq_in, g, chunk=cfg["chunk"])
+    dA = lion_pair_sums(q, k, *pairs, g, chunk=cfg["chunk"])
     return dq, dk, dv, dA.astype(g.dtype), dm
 
 
@@ -315,7 +316,7 @@ _lion.defvjp(_lion_fwd, _lion_bwd)
 
 
 def _normalised_cotangents(dy, y, den, eps, v):
-    """``(dnum, dq_in, v_in)`` of normalised LION for the scans of its backward pass, from
+    """``(dnum, dq_in, v_in, pairs)`` of normalised LION for the scans of its backward pass, from
     dy ``[B, L, H, V]``, ``y - m`` to float32 precision (the output less the values' centre
     m, :func:`centred_values`; m = 0 uncentred), den ``[B, L, H]`` float32 and v (centred).
 
@@ -325,13 +326,20 @@ def _normalised_cotangents(dy, y, den, eps, v):
     ``v_in = [v | 1]`` carry dden through the dq and dk scans as one more feature column, two
     for 16-bit v (dden in two 16-bit parts, ``bidirectional.two_parts``, against two ones
     columns: bf16, L = 100, log-decay ~ U[-20, 0], dq's relative RMS error was 2.4e-2 with one
-    part, docs/benchmarks.md, the 2026-11-22 H100 run)."""
-    dnum = (dy.astype(jnp.float32) / (den + eps)[..., None]).astype(v.dtype)
+    part, docs/benchmarks.md, the 2026-11-22 H100 run).
+
+    ``pairs = ([v | 1], [dnum | dden])`` in float32, dnum unrounded, for d log_decay's pair
+    sums (float32 math; a sum of pair terms that cancel, so dnum's 16-bit rounding showed: bf16
+    d log_decay up to 5.3e-3 on ``test_lion_offset_values``, V 144, seed 1932922269)."""
+    exact = dy.astype(jnp.float32) / (den + eps)[..., None]
+    dnum = exact.astype(v.dtype)
     dden = -_dot_last(dnum, y)
     parts = (dden,) if v.dtype == jnp.float32 else two_parts(dden, v.dtype)
     dq_in = jnp.concatenate([dnum] + [p[..., None].astype(v.dtype) for p in parts], axis=-1)
     ones = jnp.ones(v.shape[:3] + (len(parts),), v.dtype)
-    return dnum, dq_in, jnp.concatenate([v, ones], axis=-1)
+    pairs = (jnp.concatenate([v.astype(jnp.float32), ones[..., :1].astype(jnp.float32)], -1),
+             jnp.concatenate([exact, -_dot_last(exact, y)[..., None]], axis=-1))
+    return dnum, dq_in, jnp.concatenate([v, ones], axis=-1), pairs
 
 
 def _float32_cfg(cfg):
