@@ -1,11 +1,12 @@
 """Per-kernel GPU times of our ops' forward + backward, to see where the time goes.
 
-    python -m experiments.profile_kernels [--lengths 16384] [--dims 128,64] [--ops causal,lion]
-        [--reps 5] [--settings]
+    python -m experiments.profile_kernels [--lengths 16384] [--dims 128,64]
+        [--ops causal,lion,per_feature] [--reps 5] [--settings]
 
 For each op (``causal``: ``pallas_kernels.causal_linear_attention``, ``lion``:
 ``pallas_kernels.bidirectional_linear_attention``, normalised; per-token decay, bf16, B = 4,
-H = 16, the inputs of ``experiments.bench_kernels``) it jits forward + backward (output kept
+H = 16, the inputs of ``experiments.bench_kernels``; ``per_feature``: the causal op with that
+decay copied to every key feature, as bench_kernels' ``pallas_causal_per_feature``) it jits forward + backward (output kept
 live), times it as ``bench_kernels`` does, then runs it ``--reps`` times under
 ``torch.profiler``, whose CUPTI tracing records every CUDA kernel of the process, JAX's
 included, and prints each kernel's time per call, largest first: the Pallas kernels by name
@@ -45,7 +46,11 @@ from pallas_kernels.causal_backward import causal_backward  # noqa: E402
 from pallas_kernels.two_pass import chunk_scan_two_pass  # noqa: E402
 
 OPS = {"causal": pallas_kernels.causal_linear_attention,
-       "lion": pallas_kernels.bidirectional_linear_attention}
+       "lion": pallas_kernels.bidirectional_linear_attention,
+       # bench_kernels' pallas_causal_per_feature: the per-token decay copied to every key
+       # feature, so the chunk-parallel GLA-form kernels of per_feature.py run
+       "per_feature": lambda q, k, v, g: pallas_kernels.causal_linear_attention(
+           q, k, v, jnp.broadcast_to(g[..., None], q.shape))}
 
 
 def kernel_times(fn, args, reps):

@@ -26,8 +26,8 @@ kernels, the forward's chunk states when they are at most twice the size of q or
 Per-feature decay ``[B, L, H, K]`` (causal only; ``per_feature.py``): ``y`` is the key-decay scan
 and, with the decay now on the state's K axis, ``dq = scan_value(do, v, k; S0^T)``,
 ``dk = scan_value_rev(v, do, q; dS_T^T)``, ``dv = scan_key_rev(k, q, do; dS_T)`` (end state
-``dS0``) and d log_decay from ``pair_sums.causal_pair_sums`` per key feature (each pair's term
-summed over the tokens its decay spans, in float32).
+``dS0``), all on float32 operands, and d log_decay from them: in-chunk sums of
+``q * dq - k * dk`` plus the states at the chunk ends (``_per_feature_bwd``).
 
 Normalised LION's scan backwards (head dims above the fused kernels', and
 ``algorithm="sequential"``) take dq from float32 scans (``_normalised_dq``), and the sequential
@@ -63,7 +63,7 @@ from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
 from pallas_kernels.chunk_scan import chunk_scan, fit_layout
 from pallas_kernels.pair_sums import causal_pair_sums, lion_pair_sums
-from pallas_kernels.per_feature import chunk_scan_per_feature
+from pallas_kernels.per_feature import chunk_scan_per_feature, chunk_states_per_feature
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 from pallas_kernels.two_pass import (BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper,
                                      output_block_v)
@@ -128,10 +128,52 @@ def _causal_fwd(q, k, v, g, s0, cfg):
     return (y, state), (q, k, v, g, s0, state, h)
 
 
+def _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg):
+    """Gradients of the per-feature op, every scan on float32 operands (exact float32 dots).
+
+    dq, dk without the diagonal pairs (``dq_s``, ``dk_s``), and with ``D_n`` the queries' state
+    at the end of chunk n (``sum_{i > end} diag(exp(A_i - A_end)) q_i do_i^T`` plus the decayed
+    ``dS_T``) and ``S_n`` the state after it, each pair ``j < t <= i`` of ``dlog_decay_t`` is
+    counted once by
+
+        dlog_decay_t = sum_{s >= t in t's chunk} (q_s * dq_s - k_s * dk_s) + rowsum(S_n * D_n)
+
+    (per key feature): the in-chunk sum counts the pairs whose query lies in the chunk at or
+    after t (their keys anywhere before it) less those whose key does too, and ``S_n . D_n``
+    restores the pairs with the key before t and the query after the chunk. Terms cancel only
+    inside a chunk and in float32 (the global reverse cumsum cancels O(1) terms over L).
+    """
+    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    q32, k32, v32, dy32 = (f32(x) for x in (q, k, v, dy))
+    s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
+    dq, _ = _scan(dy32, v32, k32, g, s0_t, decay_on="value", strict=True, **cfg)
+    dk, _ = _scan(v32, dy32, q32, g, jnp.swapaxes(d_state, 2, 3), decay_on="value",
+                  reverse=True, strict=True, **cfg)
+    dv, ds0, queries = chunk_scan_per_feature(k32, q32, dy32, g, d_state, reverse=True,
+                                              return_states=True, **cfg)
+    states, final = chunk_states_per_feature(k32, v32, g, s0, chunk=cfg["chunk"],
+                                             interpret=cfg["interpret"])
+    B, L, H, K = q.shape
+    C, N = cfg["chunk"], L // cfg["chunk"]
+    after = jnp.concatenate([states[:, :, 1:], final[:, :, None]], axis=2)  # S_n
+    # D_n: the reverse states hold decays to token (n + 1) C; one more token to the chunk end
+    next_first = jnp.concatenate([g[:, C::C], jnp.zeros_like(g[:, :1])], axis=1)  # [B, N, H, K]
+    ends = jnp.sum(after * queries * jnp.exp(next_first.transpose(0, 2, 1, 3))[..., None],
+                   axis=-1)  # [B, H, N, K]
+    terms = (q32 * dq - k32 * dk).reshape(B, N, C, H, K)
+    in_chunk = jnp.flip(jnp.cumsum(jnp.flip(terms, 2), axis=2), 2)
+    dA = (in_chunk + ends.transpose(0, 2, 1, 3)[:, :, None]).reshape(B, L, H, K)
+    diagonal = _dot_last(dy, v)[..., None]
+    return ((dq + diagonal * k32).astype(q.dtype), (dk + diagonal * q32).astype(k.dtype),
+            dv.astype(v.dtype), dA.astype(g.dtype), None if s0 is None else ds0)
+
+
 def _causal_bwd(cfg, res, cotangents):
     q, k, v, g, s0, state, h = res
     dy, d_state = cotangents
     dy = dy.astype(v.dtype)
+    if g.ndim == 4:
+        return _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg)
     if _fused_causal_backward(q, v, g, cfg):
         dq, dk, dv, dlog_decay, ds0 = causal_backward(
             q, k, v, g, s0, dy, d_state, h, chunk=cfg["chunk"],

@@ -15,9 +15,8 @@ after it from the queries' state leaving it, ``dh[n]``, and the pairs spanning t
 as ``exp(sum a) <h[n], dh[n]>``. Two ``lax.scan`` walks over the chunks carry the float32
 states (forward, keeping ``h``; then in reverse), so memory is one ``[B, H, N, K, V]`` array.
 LION's pairs are those of the causal sums plus those of the reversed sequence
-(:func:`lion_pair_sums`). Per-feature decay (``[B, L, H, K]``, GLA / HGRN2 / LightNet) takes
-the same sums with every term resolved by key feature, ``P_ijk = q_ik k_jk exp(A_ik - A_jk)
-(do_i . v_j)``, for each ``dlog_decay_tk``.
+(:func:`lion_pair_sums`). Per-feature decay takes its d log_decay from its float32 scans
+(``linear_attention._per_feature_bwd``).
 """
 
 import functools
@@ -43,63 +42,38 @@ def _chunks(x, chunk):
     return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
 
 
-# Per-feature decay sums its pairs in chunks of at most this many tokens, whatever the caller's
-# chunk: each step holds a [B, H, C, C, K] tile, and at C = 64 XLA's GPU compile of a fwd+bwd
-# program ran for over 5 minutes (`bench_kernels`, pallas_causal_per_feature, D = 64, L = 4096,
-# one H100, 2026-11-26), as it did for HGRN2's XLA chunked form, whose steps compiled in
-# 26-41 s at C = 16 (lion_jax.ops.api.AUTO_PER_KEY_CHUNK). The sums do not depend on the chunk.
-PER_FEATURE_CHUNK = 16
-
-
 def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_state=None):
-    """d log_decay of causal linear attention, ``[B, L, H]`` (scalar decay) or ``[B, L, H, K]``
-    (per key feature) float32, as ``log_decay``.
-
-    Per feature, every term is resolved by key feature: ``P_ijk = q_ik k_jk exp(A_ik - A_jk)
-    (do_i . v_j)``, summed over the pairs ``j < t <= i`` for ``dlog_decay_tk``. The pairs inside
-    a chunk then take a ``[B, H, C, C, K]`` float32 tile per step of the forward walk (scalar
-    decay: ``[B, H, C, C]``, from ``(q_i . k_j)``), with C at most :data:`PER_FEATURE_CHUNK`.
+    """d log_decay ``[B, L, H]`` float32 of causal linear attention with one decay per token
+    and head. The pairs inside a chunk take a ``[B, H, C, C]`` float32 tile per step of the
+    forward walk.
 
     Args:
       q, k: ``[B, L, H, K]``; v, do: ``[B, L, H, V]`` (do: the output's cotangent); L a
         multiple of ``chunk``.
-      log_decay: ``[B, L, H]`` or ``[B, L, H, K]``.
+      log_decay: ``[B, L, H]``.
       initial_state: None or ``S0 [B, H, K, V]``; d_state: None or ``dS_T [B, H, K, V]``, the
         final state's cotangent.
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
-    per_feature = log_decay.ndim == 4
-    if per_feature:
-        chunk = min(chunk, PER_FEATURE_CHUNK)
     Q, Kc, Vc, DO = (_chunks(x, chunk) for x in (q, k, v, do))  # [N, B, H, C, D]
-    a = _chunks(log_decay, chunk)  # [N, B, H, C, F]: F = K per feature, else 1
-    a = a if per_feature else a[..., None]
-    per_decay = functools.partial(jax.vmap, in_axes=-1, out_axes=-1)  # over F
-    head, tail = per_decay(_per_chunk(chunk_ends))(a)
-    eh, et, whole = jnp.exp(head), jnp.exp(tail), jnp.exp(jnp.sum(a, axis=-2))
-
-    def by_decay(x):
-        """``[..., K]`` terms summed to the decay's ``[..., F]``."""
-        return x if per_feature else jnp.sum(x, axis=-1, keepdims=True)
-
-    segments = per_decay(jax.vmap(jax.vmap(functools.partial(chunk_decays, reverse=False))))
+    a = _chunks(log_decay, chunk)  # [N, B, H, C]
+    head, tail = _per_chunk(chunk_ends)(a)
+    eh, et, whole = jnp.exp(head), jnp.exp(tail), jnp.exp(jnp.sum(a, axis=-1))
+    segments = jax.vmap(jax.vmap(functools.partial(chunk_decays, reverse=False)))
     idx = jnp.arange(chunk)
-    below = (idx[:, None] > idx[None, :])[:, :, None]
-    balance = jax.vmap(jax.vmap(per_decay(pair_balance)))  # [B, H, C, C, F] -> [B, H, C, F]
+    below = idx[:, None] > idx[None, :]
+    balance = jax.vmap(jax.vmap(pair_balance))  # [B, H, C, C] -> [B, H, C]
 
     def forward(h, xs):  # h: the state entering the chunk
         q_, k_, v_, do_, a_, eh_, et_, whole_ = xs
-        decay = jnp.exp(jnp.where(below, segments(a_)[0], -jnp.inf))  # [B, H, C, C, F]
-        if per_feature:
-            inside = _einsum("bhik,bhjk->bhijk", q_, k_) * decay
-        else:
-            inside = _einsum("bhik,bhjk->bhij", q_, k_)[..., None] * decay
-        inside = inside * _einsum("bhiv,bhjv->bhij", do_, v_)[..., None]
-        after = balance(inside)
-        from_before = by_decay(q_ * _einsum("bhiv,bhkv->bhik", do_, h)) * eh_
-        h_next = whole_[..., None] * h + _einsum("bhjk,bhjv->bhkv", k_ * et_, v_)
-        return h_next, (h, after + from_before)
+        decay = jnp.exp(jnp.where(below, segments(a_)[0], -jnp.inf))  # [B, H, C, C]
+        inside = (_einsum("bhik,bhjk->bhij", q_, k_) * decay
+                  * _einsum("bhiv,bhjv->bhij", do_, v_))
+        from_before = jnp.sum(q_ * _einsum("bhiv,bhkv->bhik", do_, h), axis=-1) * eh_
+        h_next = whole_[..., None, None] * h + _einsum("bhjk,bhjv->bhkv",
+                                                       k_ * et_[..., None], v_)
+        return h_next, (h, balance(inside) + from_before)
 
     zero = jnp.zeros((B, H, K, V), jnp.float32)
     s0 = zero if initial_state is None else initial_state.astype(jnp.float32)
@@ -107,19 +81,18 @@ def causal_pair_sums(q, k, v, do, log_decay, *, chunk, initial_state=None, d_sta
 
     def backward(dh, xs):  # dh: the queries' state leaving the chunk
         q_, k_, v_, do_, eh_, et_, whole_, h_ = xs
-        to_after = by_decay(k_ * _einsum("bhjv,bhkv->bhjk", v_, dh)) * et_
+        to_after = jnp.sum(k_ * _einsum("bhjv,bhkv->bhjk", v_, dh), axis=-1) * et_
         # chunk_scan.through_terms' sum, taken here so that dh is never kept whole
-        through = whole_ * by_decay(jnp.sum(h_ * dh, axis=-1))
-        dh_prev = whole_[..., None] * dh + _einsum("bhik,bhiv->bhkv", q_ * eh_, do_)
+        through = whole_ * jnp.sum(h_ * dh, axis=(-2, -1))
+        dh_prev = whole_[..., None, None] * dh + _einsum("bhik,bhiv->bhkv",
+                                                         q_ * eh_[..., None], do_)
         return dh_prev, (to_after, through)
 
     ds = zero if d_state is None else d_state.astype(jnp.float32)
     _, (before, through) = jax.lax.scan(backward, ds, (Q, Kc, Vc, DO, eh, et, whole, h),
                                         reverse=True)
-    sums = per_decay(_per_chunk(crossing_sums))(before, after)
-    sums = sums + through[..., None, :]  # [N, B, H, C, F]
-    sums = jnp.moveaxis(sums, 0, 1).transpose(0, 1, 3, 2, 4).reshape(B, L, H, -1)
-    return sums if per_feature else sums[..., 0]
+    sums = _per_chunk(crossing_sums)(before, after) + through[..., None]  # [N, B, H, C]
+    return jnp.moveaxis(sums, 0, 1).transpose(0, 1, 3, 2).reshape(B, L, H)
 
 
 def lion_pair_sums(q, k, v, do, log_decay, *, chunk):

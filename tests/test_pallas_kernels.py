@@ -22,9 +22,10 @@ ON_GPU = jax.default_backend() == "gpu"
 # float32: exact float32 dots (no TF32); the GPU bound is looser for reordered accumulation.
 TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5e-3}
 # d log_decay: every path sums each pair's term over the tokens its decay spans (the fused
-# kernels: chunk_scan.crossing_sums; the scan paths and per-feature decay: pair_sums.py, per
-# key feature for the latter) and meets TOL: no reverse cumsum over L of q.dq - k.dk, whose
-# O(1) terms cancel (per feature, bf16: 5.9e-3 that way, 3.6e-7 now; the 2026-11-24 H100 run).
+# kernels: chunk_scan.crossing_sums; the scan paths: pair_sums.py; per-feature decay: in-chunk
+# sums of its float32 scans plus the states at chunk ends, linear_attention._per_feature_bwd)
+# and meets TOL: no reverse cumsum over L of q.dq - k.dk, whose O(1) terms cancel (per
+# feature, bf16: 5.9e-3 that way; the 2026-11-24 H100 run).
 # Normalised LION's dq, dk in bf16 are sums that cancel (the weights' cotangent has zero mean
 # under the weights): the kernels take the weights and their cotangent G * M in two 16-bit
 # parts (bidirectional.two_parts), which brought dq from up to 5.4e-3 to at most 3.5e-3
@@ -105,7 +106,7 @@ CAUSAL_CASES = [  # L, K, V, chunk, decay, with initial state, algorithm
 PER_FEATURE_CASES = [  # per-feature decay [B, L, H, K] (algorithm None: always chunk-parallel)
     (1, 16, 32, 16, "strong", False, None),
     (37, 32, 16, 16, "strong", True, None),
-    (70, 16, 32, 32, "mild", True, None),  # pair sums in chunks of 16 (PER_FEATURE_CHUNK)
+    (70, 16, 32, 32, "mild", True, None),
     (90, 16, 16, 64, "strong", True, None),
     (48, 16, 16, 16, "zero", False, None),
     (40, 8, 12, 16, "strong", True, None),  # head dims < 16: zero-padded to 16
@@ -552,6 +553,34 @@ def test_invalid_inputs(call, kwargs, match):
                 algorithm=kwargs.get("algorithm"), **options)
         else:
             pallas_kernels.bidirectional_linear_attention(q, k, v, g, **options)
+
+
+def test_per_feature_scan_states(rng):
+    """chunk_scan_per_feature's return_states (forward and reverse) and chunk_states_per_feature
+    against a float64 token-by-token recurrence, with an initial state."""
+    from pallas_kernels.per_feature import chunk_scan_per_feature, chunk_states_per_feature
+    B, L, H, K, V, C = 1, 48, 2, 16, 32, 16
+    _, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "mild", per_feature=True)
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+    k64, v64, g64 = (np.asarray(x, np.float64) for x in (k, v, g))
+    kv = np.einsum("blhk,blhv->blhkv", k64, v64)
+    S, forward = np.asarray(s0, np.float64), []  # S_t = diag(exp(a_t)) S_{t-1} + k_t v_t^T
+    for t in range(L):
+        if t % C == 0:
+            forward.append(S)  # entering chunk t // C
+        S = np.exp(g64[:, t])[..., None] * S + kv[:, t]
+    R, reverse = np.asarray(s0, np.float64), []  # R_t = diag(exp(a_{t+1})) R_{t+1} + k_t v_t^T
+    for t in range(L - 1, -1, -1):
+        if t % C == C - 1:
+            reverse.insert(0, R)  # after token t + 1, before its decay
+        R = (np.exp(g64[:, t + 1])[..., None] * R if t + 1 < L else R) + kv[:, t]
+    for reversed_, want in ((False, forward), (True, reverse)):
+        *_, states = chunk_scan_per_feature(k, k, v, g, s0, reverse=reversed_, chunk=C,
+                                            interpret=True, return_states=True)
+        check_close([states], [np.stack(want, axis=2)], jnp.float32, [f"reverse={reversed_}"])
+    states, final = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=True)
+    check_close([states, final], [np.stack(forward, axis=2), S], jnp.float32,
+                ["states", "final"])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="L=65536 needs the compiled kernels (GPU)")
