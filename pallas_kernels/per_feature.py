@@ -30,12 +30,15 @@ segment, so every factor lies in [0, 1] (no overflow whatever the decay, e.g. -2
 their product is the exact decay up to rounding: a factor that underflows to 0 belongs to a
 product smaller still. No exponent is a difference of two cumulative sums, so each has a rounding
 error relative to its own size, which matters only where the factor is exponentially small.
-Within the diagonal sub-block (j, i in I) the segment sums ``seg_ijk = sum_{j < s <= i} a_sk``
-are summed directly per key j (a c x K cumsum each) and applied elementwise: c^2 K exponentials
-per sub-chunk instead of C^2 K for the whole chunk. Differences of the sub-chunk's cumsum
-instead (``h_ik - h_jk``, off by ~ulp(|h|)) left y, dq, dk, dv within 5.4e-7 but d log_decay,
-whose in-chunk sums cancel (``linear_attention._per_feature_bwd``), at 1.2e-5 and 2.5e-5 in
-float32 (L 90, K = V = 16, chunk 64, log-decays uniform in [-20, 0], interpret mode).
+Within the diagonal sub-block (j, i in I) the decays ``exp(sum_{j < s <= i} a_sk)`` are running
+products over the keys from the last: ``D_j = D_{j+1} * exp(a_{j+1})`` on the rows i > j and 1
+on row j, applied elementwise one key at a time (c^2 K products per sub-chunk instead of C^2 K
+exponentials for the whole chunk). Each is a product of at most c - 1 factors in [0, 1], so its
+relative error is at most ~c ulp whatever the decay, and it underflows only to values smaller
+still. (Differences of the sub-chunk's cumsum, ``exp(h_ik - h_jk)``, are off by ~ulp(|h|) in
+the exponent: y, dq, dk, dv stayed within 5.4e-7, but d log_decay, whose in-chunk sums cancel
+(``linear_attention._per_feature_bwd``), reached 1.2e-5 and 2.5e-5 in float32; L 90,
+K = V = 16, chunk 64, log-decays uniform in [-20, 0], interpret mode.)
 """
 
 import functools
@@ -152,28 +155,42 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, str
                 scores = jnp.where(idx[None, :] < p, scores, 0.0).astype(dtype)
                 out += jnp.exp(h) * pltriton.dot(scores, (values * e).astype(dtype),
                                                  precision=precision)
-        # Diagonal sub-block: directly summed segment sums, one key j at a time.
-        def seg_decay(j):
-            seg = jnp.cumsum(jnp.where(r > j, a_sub, 0.0), axis=0)  # sum_{j < s <= i} a_s
-            return jnp.exp(jnp.where(r > j if strict else r >= j, seg, -jnp.inf))
+        # Diagonal sub-block, one key j at a time from the last: the decays
+        # exp(sum_{j < s <= i} a_s) as running products D_j = D_{j+1} * exp(a_{j+1}) on the
+        # rows i > j and 1 on row j (module docstring).
+        def decays(j, d):
+            """D_j from D_{j+1} (rows [sub, F]); for j = sub - 1 its row j alone."""
+            e = jnp.exp(g_ref[pl.ds(p + jnp.minimum(j + 1, sub - 1), 1), :].astype(jnp.float32))
+            return jnp.where(r > j, d * e, jnp.where(r == j, 1.0, 0.0))
 
+        def masked(j, d):
+            return jnp.where(r > j, d, 0.0) if strict else d
+
+        d_last = jnp.zeros(a_sub.shape, jnp.float32)
         if on_key:
-            def key_column(j, scores):
+            def key_column(t, carry):
+                scores, d = carry
+                j = sub - 1 - t
+                d = decays(j, d)
                 k_j = k_ref[pl.ds(p + j, 1), :].astype(jnp.float32)
-                col = jnp.sum(q.astype(jnp.float32) * k_j * seg_decay(j), axis=1)
-                return jnp.where(cols == j, col[:, None], scores)
+                col = jnp.sum(q.astype(jnp.float32) * k_j * masked(j, d), axis=1)
+                return jnp.where(cols == j, col[:, None], scores), d
 
-            scores = jax.lax.fori_loop(0, sub, key_column, jnp.zeros((sub, sub), jnp.float32))
+            scores, _ = jax.lax.fori_loop(0, sub, key_column,
+                                          (jnp.zeros((sub, sub), jnp.float32), d_last))
             out += pltriton.dot(scores.astype(dtype), v_ref[rows, :], precision=precision)
         else:
             scores = pltriton.dot(q, k_ref[rows, :], trans_b=True, precision=precision)
 
-            def value_column(j, out):
+            def value_column(t, carry):
+                out, d = carry
+                j = sub - 1 - t
+                d = decays(j, d)
                 w = jnp.sum(jnp.where(cols == j, scores, 0.0), axis=1)
                 v_j = v_ref[pl.ds(p + j, 1), :].astype(jnp.float32)
-                return out + w[:, None] * seg_decay(j) * v_j
+                return out + w[:, None] * masked(j, d) * v_j, d
 
-            out = jax.lax.fori_loop(0, sub, value_column, out)
+            out, _ = jax.lax.fori_loop(0, sub, value_column, (out, d_last))
         o_ref[rows, :] = out.astype(o_ref.dtype)
 
 
