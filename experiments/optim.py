@@ -19,6 +19,13 @@ embedding tables, which sparse gradients would otherwise shrink towards zero.
 
 The gradient is clipped to ``clip_norm`` global L2 norm before AdamW (0 disables clipping).
 
+``decay_lr_factor`` scales the learning rate of the decay-rate parameters (leaves named in
+:data:`DECAY_PARAMS`: LION's non-selective decay, cosFormer2's and LightNet's decay logits),
+as S5 trains its SSM parameters (eigenvalues, step sizes) at their own, lower rate: S5's
+Pathfinder script uses 9e-4 for those and 5x that for the rest (lindermanlab/S5
+``bin/run_experiments/run_lra_pathfinder.sh``), i.e. ``decay_lr_factor = 0.2``. These leaves
+are 1-D or small and never weight-decayed, so the factor is exactly their learning rate's.
+
 EMA of parameters (``ema_decay > 0``) is kept by the trainer beside the parameters and used
 for evaluation: ``ema = d * ema + (1 - d) * params`` after each update, with the warm-up
 ``d = min(ema_decay, (1 + t) / (10 + t))`` so early averages are not dominated by the init.
@@ -29,6 +36,7 @@ import jax.numpy as jnp
 import optax
 
 SCHEDULES = ("cosine", "linear", "rsqrt", "constant")
+DECAY_PARAMS = ("decay_log_rate", "decay_logit")  # the decay rates' leaves (module docstring)
 
 
 def make_schedule(optim_config, total_steps):
@@ -64,20 +72,32 @@ def weight_decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def decay_param_mask(params):
+    """Pytree of bools like ``params``: True on the leaves named in :data:`DECAY_PARAMS`."""
+
+    def is_decay(path, leaf):
+        return bool(path) and str(getattr(path[-1], "key", path[-1])) in DECAY_PARAMS
+
+    return jax.tree_util.tree_map_with_path(is_decay, params)
+
+
 def make_optimizer(optim_config, total_steps):
     """Returns ``(optax transformation, schedule)`` for ``config.optim``."""
     schedule = make_schedule(optim_config, total_steps)
-    adamw = optax.adamw(
+    steps = [optax.adamw(
         schedule,
         b1=optim_config.b1,
         b2=optim_config.b2,
         eps=optim_config.eps,
         weight_decay=optim_config.weight_decay,
         mask=weight_decay_mask,
-    )
+    )]
+    factor = optim_config.get("decay_lr_factor", 1.0)
+    if factor != 1.0:
+        steps.append(optax.masked(optax.scale(factor), decay_param_mask))
     if optim_config.clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(optim_config.clip_norm), adamw), schedule
-    return adamw, schedule
+        steps.insert(0, optax.clip_by_global_norm(optim_config.clip_norm))
+    return (steps[0] if len(steps) == 1 else optax.chain(*steps)), schedule
 
 
 def ema_update(ema_params, params, ema_decay, step):

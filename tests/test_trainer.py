@@ -309,6 +309,7 @@ def test_resume_with_a_different_model_is_a_user_error(tmp_path):
     ({"mesh.data": 3}, r"mesh \(data=3, fsdp=1, model=1\) has 3 devices but 8 are available"),
     ({"mesh.fsdp": 3}, "cannot fill 8 devices"),
     ({"optim.schedule": "step"}, "schedule='step' is not one of"),
+    ({"optim.decay_lr_factor": 0.0}, "decay_lr_factor must be > 0"),
     ({"best_metric": "train/loss"}, "best_metric='train/loss' must be"),
     ({"best_metric": "val/f1"}, "val has no metric 'f1' \\(it has accuracy, loss\\)"),
 ])
@@ -362,6 +363,29 @@ def test_weight_decay_mask_and_decoupled_decay():
     updates, _ = tx.update(zeros, tx.init(params), params)
     expected = jax.tree.map(lambda p, m: -0.05 * p if m else 0 * p, params, mask)
     jax.tree.map(np.testing.assert_allclose, updates, expected)
+
+
+def test_decay_lr_factor_scales_only_the_decay_parameters():
+    """optim.decay_lr_factor: the leaves of optim.DECAY_PARAMS move by that factor times their
+    update at the common rate; every other leaf as without it."""
+    rng = np.random.default_rng()
+    params = {"mixer": {"decay_log_rate": jnp.ones(6), "decay_gate": {"kernel": jnp.ones((4, 6)),
+                                                                       "bias": jnp.ones(6)}},
+              "md_tpe": {"decay_logit": jnp.ones((2, 3))}, "dense": {"kernel": jnp.ones((4, 3))}}
+    assert optim.decay_param_mask(params) == {
+        "mixer": {"decay_log_rate": True, "decay_gate": {"kernel": False, "bias": False}},
+        "md_tpe": {"decay_logit": True}, "dense": {"kernel": False}}
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
+    factor = rng.uniform(0.1, 0.5)
+    updates = {}
+    for f in (1.0, factor):
+        tx, _ = optim.make_optimizer(_optim_config(learning_rate=0.01, schedule="constant",
+                                                   weight_decay=0.1, decay_lr_factor=f), 10)
+        updates[f], _ = tx.update(grads, tx.init(params), params)
+    mask = optim.decay_param_mask(params)
+    jax.tree.map(lambda a, b, m: np.testing.assert_allclose(b, a * factor if m else a,
+                                                            rtol=1e-6),
+                 updates[1.0], updates[factor], mask)
 
 
 def test_clipping_and_ema():
