@@ -94,6 +94,13 @@ def time_torch(fn, reps, inner=5):
     return statistics.median(times) * 1e3, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def causal_per_feature(q, k, v, g):
+    """The causal op with the per-token log-decays ``g [B, L, H]`` copied to every key feature,
+    so that the per-feature (GLA-form) kernels of ``pallas_kernels/per_feature.py`` run."""
+    return pallas_kernels.causal_linear_attention(q, k, v,
+                                                  jnp.broadcast_to(g[..., None], q.shape))
+
+
 def jax_cases(quick):
     """{name: fn(q, k, v, g)} for the JAX ops of this shape (g: [B, L, H] log-decays)."""
     cases = {}
@@ -110,9 +117,7 @@ def jax_cases(quick):
         return cases
     cases["pallas_lion_plain"] = lambda q, k, v, g: (  # non-normalised (LION-RETNET's form)
         pallas_kernels.bidirectional_linear_attention(q, k, v, g, normalize=False))
-    cases["pallas_causal_per_feature"] = lambda q, k, v, g: (
-        pallas_kernels.causal_linear_attention(
-            q, k, v, jnp.broadcast_to(g[..., None], q.shape)))
+    cases["pallas_causal_per_feature"] = causal_per_feature
     cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),

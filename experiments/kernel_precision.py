@@ -1,6 +1,8 @@
-"""Relative RMS errors of the Pallas kernels in bf16 / fp16 against float64, over seeds.
+"""Relative RMS errors of the Pallas kernels in bf16 / fp16 (and float32 for per-feature decay)
+against float64, over seeds.
 
     python -m experiments.kernel_precision [--seeds 4] [--length 100] [--decay mild]
+        [--ops causal,bidirectional,per_feature]
 
 The inputs of ``tests/test_pallas_kernels.py::test_half_precision`` (B=1, H=2, chunk 32; q, k,
 v drawn in float64, scaled, then rounded to the dtype; LION with positive q, k), for several
@@ -23,7 +25,8 @@ CASES = [  # dtype, op, K, V
     (jnp.bfloat16, "causal", 32, 16), (jnp.bfloat16, "bidirectional", 32, 16),
     (jnp.bfloat16, "per_feature", 32, 16), (jnp.bfloat16, "causal", 96, 80),
     (jnp.bfloat16, "bidirectional", 80, 96), (jnp.float16, "causal", 32, 16),
-    (jnp.float16, "bidirectional", 32, 16)]
+    (jnp.float16, "bidirectional", 32, 16), (jnp.float32, "per_feature", 16, 16)]
+OPS = ("causal", "bidirectional", "per_feature")
 LOW = {"mild": -0.5, "strong": -20.0}
 
 
@@ -78,11 +81,16 @@ def main():
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--length", type=int, default=100)
     parser.add_argument("--decay", choices=sorted(LOW), default="mild")
+    parser.add_argument("--ops", default=",".join(OPS), help="which ops, of " + ", ".join(OPS))
     args = parser.parse_args()
+    chosen = args.ops.split(",")
+    if set(chosen) - set(OPS):
+        parser.error(f"unknown --ops {sorted(set(chosen) - set(OPS))}; choose from {list(OPS)}")
+    cases = [case for case in CASES if case[1] in chosen]
     worst = {}
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
-        for dtype, op, K, V in CASES:
+        for dtype, op, K, V in cases:
             for name, err in errors(rng, dtype, op, K, V, args.length, args.decay).items():
                 key = (jnp.dtype(dtype).name, op, f"{K}x{V}", name)
                 worst[key] = max(worst.get(key, 0.0), err)
@@ -90,7 +98,7 @@ def main():
           f"largest relative RMS error over {args.seeds} seeds")
     print("| dtype | op | K x V | y | dq | dk | dv | dlog_decay |")
     print("|---|---|---|---|---|---|---|---|")
-    for dtype, op, K, V in CASES:
+    for dtype, op, K, V in cases:
         row = [worst[(jnp.dtype(dtype).name, op, f"{K}x{V}", n)]
                for n in ("y", "dq", "dk", "dv", "dlog_decay")]
         print(f"| {jnp.dtype(dtype).name} | {op} | {K}x{V} | "

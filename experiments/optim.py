@@ -92,11 +92,13 @@ def make_optimizer(optim_config, total_steps):
         weight_decay=optim_config.weight_decay,
         mask=weight_decay_mask,
     )]
-    factor = optim_config.get("decay_lr_factor", 1.0)
+    factor = optim_config.decay_lr_factor
     if factor != 1.0:
         steps.append(optax.masked(optax.scale(factor), decay_param_mask))
     if optim_config.clip_norm > 0:
         steps.insert(0, optax.clip_by_global_norm(optim_config.clip_norm))
+    # AdamW alone is not wrapped in a chain: the optimizer state keeps the layout that existing
+    # checkpoints hold
     return (steps[0] if len(steps) == 1 else optax.chain(*steps)), schedule
 
 

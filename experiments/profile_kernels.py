@@ -4,15 +4,15 @@
         [--ops causal,lion,per_feature] [--reps 5] [--settings]
 
 For each op (``causal``: ``pallas_kernels.causal_linear_attention``, ``lion``:
-``pallas_kernels.bidirectional_linear_attention``, normalised; per-token decay, bf16, B = 4,
-H = 16, the inputs of ``experiments.bench_kernels``; ``per_feature``: the causal op with that
-decay copied to every key feature, as bench_kernels' ``pallas_causal_per_feature``) it jits forward + backward (output kept
-live), times it as ``bench_kernels`` does, then runs it ``--reps`` times under
-``torch.profiler``, whose CUPTI tracing records every CUDA kernel of the process, JAX's
-included, and prints each kernel's time per call, largest first: the Pallas kernels by name
-(``chunk_outputs``, ``causal_backward``, ``bidirectional_outputs``, ``lion_backward_*``; the
-Mosaic GPU states walks as ``anonymous_mosaic_gpu_kernel``) and XLA's fusions by theirs. Needs
-a GPU and torch.
+``pallas_kernels.bidirectional_linear_attention``, normalised; ``per_feature``:
+``bench_kernels.causal_per_feature``, the causal op with the decay copied to every key feature;
+per-token decay, bf16, B = 4, H = 16, the inputs of ``experiments.bench_kernels``) it jits
+forward + backward (output kept live), times it as ``bench_kernels`` does, then runs it
+``--reps`` times under ``torch.profiler``, whose CUPTI tracing records every CUDA kernel of the
+process, JAX's included, and prints each kernel's time per call, largest first: the Pallas
+kernels by name (``chunk_outputs``, ``causal_backward``, ``bidirectional_outputs``,
+``lion_backward_*``, ``chunk_outputs_per_feature``; the Mosaic GPU states walks as
+``anonymous_mosaic_gpu_kernel``) and XLA's fusions by theirs. Needs a GPU and torch.
 
 ``--settings`` instead times the Triton output and gradients kernels of both ops under each
 launch setting (``num_warps`` 4 / 8, ``num_stages`` 1-3, output ``block_v`` 64 / 128; LION's
@@ -39,7 +39,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pallas_kernels  # noqa: E402
-from experiments.bench_kernels import inputs, time_jax  # noqa: E402
+from experiments.bench_kernels import causal_per_feature, inputs, time_jax  # noqa: E402
 from pallas_kernels.bidirectional import (MAX_ONE_KERNEL_DIM, bidirectional_scan,  # noqa: E402
                                           lion_backward)
 from pallas_kernels.causal_backward import causal_backward  # noqa: E402
@@ -47,10 +47,7 @@ from pallas_kernels.two_pass import chunk_scan_two_pass  # noqa: E402
 
 OPS = {"causal": pallas_kernels.causal_linear_attention,
        "lion": pallas_kernels.bidirectional_linear_attention,
-       # bench_kernels' pallas_causal_per_feature: the per-token decay copied to every key
-       # feature, so the chunk-parallel GLA-form kernels of per_feature.py run
-       "per_feature": lambda q, k, v, g: pallas_kernels.causal_linear_attention(
-           q, k, v, jnp.broadcast_to(g[..., None], q.shape))}
+       "per_feature": causal_per_feature}
 
 
 def kernel_times(fn, args, reps):

@@ -184,7 +184,7 @@ def _check_config(config):
     if config.eval_every < 0:
         raise UserError(f"config.eval_every must be >= 0 (0: only at the end), got "
                         f"{config.eval_every}")
-    if config.optim.get("decay_lr_factor", 1.0) <= 0:
+    if config.optim.decay_lr_factor <= 0:
         raise UserError(f"config.optim.decay_lr_factor must be > 0 (1: the common learning "
                         f"rate), got {config.optim.decay_lr_factor}")
     if "/" not in config.best_metric or config.best_metric.split("/")[0] not in config.eval_splits:

@@ -141,7 +141,9 @@ def _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg):
     (per key feature): the in-chunk sum counts the pairs whose query lies in the chunk at or
     after t (their keys anywhere before it) less those whose key does too, and ``S_n . D_n``
     restores the pairs with the key before t and the query after the chunk. Terms cancel only
-    inside a chunk and in float32 (the global reverse cumsum cancels O(1) terms over L).
+    inside a chunk and in float32 (the global reverse cumsum cancels O(1) terms over L). So
+    the forward's states are recomputed here from float32 operands (states only, no outputs):
+    the forward's own, from 16-bit operands, would not cancel against float32 dk.
     """
     f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
     q32, k32, v32, dy32 = (f32(x) for x in (q, k, v, dy))

@@ -38,7 +38,8 @@ relative error is at most ~c ulp whatever the decay, and it underflows only to v
 still. (Differences of the sub-chunk's cumsum, ``exp(h_ik - h_jk)``, are off by ~ulp(|h|) in
 the exponent: y, dq, dk, dv stayed within 5.4e-7, but d log_decay, whose in-chunk sums cancel
 (``linear_attention._per_feature_bwd``), reached 1.2e-5 and 2.5e-5 in float32; L 90,
-K = V = 16, chunk 64, log-decays uniform in [-20, 0], interpret mode.)
+K = V = 16, chunk 64, log-decays uniform in [-20, 0], interpret mode, a throwaway script,
+2026-11-26. Current errors: docs/benchmarks.md, ``experiments.kernel_precision``.)
 """
 
 import functools
