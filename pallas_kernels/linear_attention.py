@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.bidirectional import (bidirectional_scan, lion_backward, to_float32,
-                                          two_parts)
+                                          two_parts_xla)
 from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
@@ -368,7 +368,7 @@ def _normalised_cotangents(dy, y, den, eps, v):
     scans see it, so that the weights' cotangent ``G_ij = dnum_i . v_j + dden_i`` keeps its
     zero mean under the weights (dq and dk are sums that cancel); ``dq_in = [dnum | dden]`` and
     ``v_in = [v | 1]`` carry dden through the dq and dk scans as one more feature column, two
-    for 16-bit v (dden in two 16-bit parts, ``bidirectional.two_parts``, against two ones
+    for 16-bit v (dden in two 16-bit parts, ``bidirectional.two_parts_xla``, against two ones
     columns: bf16, L = 100, log-decay ~ U[-20, 0], dq's relative RMS error was 2.4e-2 with one
     part, docs/benchmarks.md, the 2026-11-22 H100 run).
 
@@ -378,7 +378,7 @@ def _normalised_cotangents(dy, y, den, eps, v):
     exact = dy.astype(jnp.float32) / (den + eps)[..., None]
     dnum = exact.astype(v.dtype)
     dden = -_dot_last(dnum, y)
-    parts = (dden,) if v.dtype == jnp.float32 else two_parts(dden, v.dtype)
+    parts = (dden,) if v.dtype == jnp.float32 else two_parts_xla(dden, v.dtype)
     dq_in = jnp.concatenate([dnum] + [p[..., None].astype(v.dtype) for p in parts], axis=-1)
     ones = jnp.ones(v.shape[:3] + (len(parts),), v.dtype)
     pairs = (jnp.concatenate([v.astype(jnp.float32), ones[..., :1].astype(jnp.float32)], -1),
