@@ -5,8 +5,8 @@ r"""Where a config's training step spends its time, from a device trace.
 
 Builds the task and the jitted train step exactly as the trainer does (one device), then:
 
-1. times ``--steps`` train steps called back to back with one sync at the end (after two
-   warm-up steps), and the host side alone (``next(batches)`` and the transfer to the device);
+1. times ``--steps`` train steps called back to back with one sync at the end (cycling four
+   batches, each run once before), and the host side alone (``next(batches)`` and the transfer to the device);
 2. traces ``--steps`` more steps with ``jax.profiler`` and sums the device time of every XLA
    operation, grouped by the Flax module that emitted it (from the ``op_name`` metadata of the
    compiled HLO: ``block_3/mixer/...`` -> ``mixer``, the optimizer update -> ``optimizer``, ...)
@@ -147,8 +147,8 @@ def main(argv):
     lowered = step_fn.lower(state, fixed[0])
     names = op_names(lowered.compile().as_text())
 
-    for i in range(2):
-        state, metrics = step_fn(state, fixed[i % 4])
+    for batch in fixed * 2:  # every shape compiled (length-bucketed batches differ), also for
+        state, metrics = step_fn(state, batch)  # the state the steps return (placed on device)
     jax.block_until_ready(metrics)
     start = time.perf_counter()
     for i in range(FLAGS.steps):

@@ -439,11 +439,13 @@ def test_image_malformed_batch(cifar, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def _train_tiny(config_module, workdir, **data):
+def _train_tiny(config_module, workdir, batch_length_multiple=None, **data):
     from experiments.trainer import train_and_evaluate
 
     config = config_module.get_config("tiny")
     config.data.update(data)
+    if batch_length_multiple is not None:
+        config.batch_length_multiple = batch_length_multiple
     summary = train_and_evaluate(config, str(workdir))
     assert summary["final"]["step"] == 4
     assert all(np.isfinite(v) for k, v in summary["final"].items())
@@ -477,8 +479,40 @@ def test_tiny_generated_tasks_train(name, tmp_path):
     import importlib
 
     config = importlib.import_module(f"configs.lra.{name}")
-    extra = {} if name == "listops" else dict(num_workers=1)
+    # listops: training batches of several lengths (batch_length_multiple 8, lengths 8-32)
+    extra = dict(batch_length_multiple=8) if name == "listops" else dict(num_workers=1)
     _train_tiny(config, tmp_path / "w", cache_dir=str(tmp_path / "cache"), **extra)
+
+
+def test_listops_training_batches_are_cut_to_their_lengths(tmp_path):
+    """``config.batch_length_multiple``: training batches cut to their longest example rounded up
+    to the multiple (only padding cut; several lengths), evaluation batches whole (a run on
+    them: test_tiny_generated_tasks_train[listops])."""
+    import itertools
+
+    from configs.lra import listops as config_module
+    from experiments.errors import UserError
+    from experiments.tasks import get_task
+    from experiments.tasks.classification import real_lengths
+
+    config = config_module.get_config("tiny")
+    config.data.cache_dir = str(tmp_path / "cache")
+    config.batch_length_multiple = 8
+    task = get_task(config)
+    full = task.splits["train"]["tokens"]
+    lengths = real_lengths(full, 0)
+    np.testing.assert_array_equal(lengths, task.splits["train"]["lengths"])  # EOS included
+    widths = set()
+    for batch in itertools.islice(task.train_batches(8, seed=0), 30):
+        cut = batch["tokens"].shape[1]
+        longest = real_lengths(batch["tokens"], 0).max()
+        assert cut == min(full.shape[1], -(-longest // 8) * 8)
+        widths.add(cut)
+    assert len(widths) > 1
+    assert next(task.eval_batches("val", 8))["tokens"].shape[1] == full.shape[1]
+    config.batch_length_multiple = -1
+    with pytest.raises(UserError, match="config.batch_length_multiple must be an int >= 0"):
+        get_task(config)
 
 
 @pytest.mark.parametrize("name", ["text", "retrieval", "image"])

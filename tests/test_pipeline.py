@@ -1,11 +1,12 @@
-"""BatchIterator: epoch coverage, exact resumption, eval padding and mask, argument checks."""
+"""BatchIterator and LengthBucketIterator: epoch coverage, exact resumption, eval padding and mask,
+length buckets, argument checks."""
 
 import json
 
 import numpy as np
 import pytest
 
-from experiments.data.pipeline import BatchIterator
+from experiments.data.pipeline import BatchIterator, LengthBucketIterator
 
 
 def _arrays(n):
@@ -116,3 +117,65 @@ def test_bad_state():
     it.set_state({"epoch": 5, "position": 4})  # the last full batch of epoch 5
     next(it)
     assert it.get_state() == {"epoch": 6, "position": 0}
+
+
+def _padded_tokens(rng, n, width):
+    """``(tokens [n, width] int32, lengths [n])``: ids in [1, 9) then padding 0."""
+    lengths = rng.integers(1, width + 1, size=n)
+    tokens = rng.integers(1, 9, size=(n, width)).astype(np.int32)
+    tokens[np.arange(width)[None, :] >= lengths[:, None]] = 0
+    return tokens, lengths
+
+
+def test_length_buckets_cut_padding_only_and_sort_each_pool(rng):
+    """Every training example once per epoch (full batches), token arrays cut to the batch's
+    longest example rounded up to the multiple (never a real token), and each pool of batches
+    a sorted run of lengths; resumption reproduces the batches."""
+    n, batch_size, width = int(rng.integers(150, 300)), int(rng.integers(3, 8)), 37
+    multiple, pool = int(rng.integers(2, 9)), int(rng.integers(2, 6))
+    tokens, lengths = _padded_tokens(rng, n, width)
+    arrays = {"id": np.arange(n), "tokens": tokens}
+    kwargs = dict(lengths=lengths, multiple=multiple, crop=("tokens",),
+                  seed=int(rng.integers(2**31)), pool=pool, num_epochs=2)
+    it = LengthBucketIterator(arrays, batch_size, **kwargs)
+    states, batches = [], []
+    for _ in range(2 * it.steps_per_epoch):
+        states.append(it.get_state())
+        batches.append(next(it))
+    with pytest.raises(StopIteration):
+        next(it)
+    steps = it.steps_per_epoch
+    for epoch in range(2):
+        epoch_batches = batches[epoch * steps:(epoch + 1) * steps]
+        ids = np.concatenate([b["id"] for b in epoch_batches])
+        assert ids.size == n // batch_size * batch_size == len(set(ids.tolist()))
+        for b in epoch_batches:
+            cut = b["tokens"].shape[1]
+            assert cut == min(width, -(-lengths[b["id"]].max() // multiple) * multiple)
+            np.testing.assert_array_equal(b["tokens"], tokens[b["id"], :cut])
+            assert not tokens[b["id"], cut:].any()  # only padding was cut
+            assert np.all(b["mask"] == 1)
+        for start in range(0, steps, pool):  # each pool: batches of a sorted run of lengths
+            runs = sorted((np.sort(lengths[b["id"]]) for b in epoch_batches[start:start + pool]),
+                          key=lambda x: (x[0], x[-1]))
+            assert all(a[-1] <= b[0] for a, b in zip(runs, runs[1:]))
+    assert not np.array_equal(batches[0]["id"], batches[steps]["id"])
+    for cut in (1, steps // 2, steps + 1):
+        resumed = LengthBucketIterator(arrays, batch_size, **kwargs)
+        resumed.set_state(states[cut])
+        _assert_same_batches(list(resumed), batches[cut:])
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(lengths=np.ones(5, np.int64)), "lengths must be"),
+    (dict(lengths=np.ones(20)), "lengths must be"),
+    (dict(multiple=0), "multiple must be"),
+    (dict(pool=0), "pool must be"),
+    (dict(crop=("id",)), "crop must name"),
+    (dict(crop=()), "crop must name"),
+])
+def test_length_bucket_arguments_are_checked(change, message):
+    tokens = np.ones((20, 6), np.int32)
+    kwargs = {**dict(lengths=np.full(20, 6), multiple=2, crop=("tokens",), seed=0), **change}
+    with pytest.raises(ValueError, match=message):
+        LengthBucketIterator({"id": np.arange(20), "tokens": tokens}, 4, **kwargs)

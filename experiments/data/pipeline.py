@@ -11,6 +11,9 @@ key, float32 [batch_size]: 1 for real examples, 0 for padding rows. With
 `sum(mask * metric) / sum(mask)`. With `drop_remainder=True` the mask is all ones and the last
 `N % batch_size` examples of each epoch's order are skipped.
 
+:class:`LengthBucketIterator` batches examples of similar lengths and cuts the token arrays to
+each batch's longest example (a few shapes, one compilation each).
+
 Batches are numpy; the trainer places them on devices (and shards them).
 """
 
@@ -114,4 +117,71 @@ class BatchIterator:
         self._position = end
         if self._position >= self._epoch_end:
             self._epoch, self._position = self._epoch + 1, 0
+        return batch
+
+
+class LengthBucketIterator(BatchIterator):
+    """Training batches of similar lengths, cut to their longest example: padding that every
+    batch of one fixed length would compute on is not computed.
+
+    Each epoch's permutation (as :class:`BatchIterator`'s, shuffled, full batches only) is cut
+    into pools of ``pool`` batches; each pool is sorted by length and its batches are visited in
+    a random order (seeded by the seed and the epoch). The arrays named in ``crop`` (``[N, L,
+    ...]``, padded at the end of axis 1) are cut to the batch's longest example rounded up to a
+    multiple of ``multiple`` (at most L): at most ``ceil(L / multiple)`` shapes, so as many
+    compilations of a jitted step. Positions and ``get_state`` are :class:`BatchIterator`'s, so a
+    restored iterator yields the same batches.
+
+    Args:
+      arrays, batch_size, seed, num_epochs: as for :class:`BatchIterator`.
+      lengths: ``[N]`` ints, each example's length (its real tokens) along axis 1 of ``crop``.
+      multiple: positive int, the cut lengths' granularity.
+      crop: names of arrays to cut (same L).
+      pool: batches per sorted pool (more: closer lengths within a batch, less mixing).
+    """
+
+    def __init__(self, arrays, batch_size, *, lengths, multiple, crop, seed, pool=100,
+                 num_epochs=None):
+        super().__init__(arrays, batch_size, shuffle=True, seed=seed, drop_remainder=True,
+                         num_epochs=num_epochs)
+        lengths = np.asarray(lengths)
+        if lengths.shape != (self._num_examples,) or not np.issubdtype(lengths.dtype,
+                                                                        np.integer):
+            raise ValueError(f"lengths must be [{self._num_examples}] ints, got {lengths.dtype} "
+                             f"{lengths.shape}")
+        for name, value in (("multiple", multiple), ("pool", pool)):
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        widths = {k: self._arrays[k].shape[1] if self._arrays[k].ndim > 1 else None
+                  for k in crop}
+        if not crop or None in widths.values() or len(set(widths.values())) != 1:
+            raise ValueError(f"crop must name arrays of one length L on axis 1, got {widths}")
+        self._lengths, self._multiple, self._crop, self._pool = lengths, int(multiple), crop, pool
+        self._width = next(iter(widths.values()))
+
+    def _epoch_order(self):
+        if self._order_epoch != self._epoch:
+            order = np.random.default_rng([self._seed, self._epoch]).permutation(
+                self._num_examples)
+            rng = np.random.default_rng([self._seed, self._epoch, 1])
+            span, end = self._batch_size * self._pool, self._epoch_end
+            pieces = []
+            for start in range(0, end, span):
+                idx = order[start:min(start + span, end)]
+                idx = idx[np.argsort(self._lengths[idx], kind="stable")]
+                batches = idx.reshape(-1, self._batch_size)
+                pieces.append(batches[rng.permutation(len(batches))].reshape(-1))
+            self._order = np.concatenate(pieces + [order[end:]])
+            self._order_epoch = self._epoch
+        return self._order
+
+    def __next__(self):
+        if self._num_epochs is not None and self._epoch >= self._num_epochs:
+            raise StopIteration
+        idx = self._epoch_order()[self._position:self._position + self._batch_size]
+        longest = max(int(self._lengths[idx].max()), 1)
+        width = min(self._width, -(-longest // self._multiple) * self._multiple)
+        batch = super().__next__()
+        for k in self._crop:
+            batch[k] = batch[k][:, :width]
         return batch

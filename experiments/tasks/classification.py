@@ -15,10 +15,11 @@ Loss: softmax cross-entropy; metrics: loss, accuracy.
 """
 
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from experiments.data.listops import majority_class_rate
-from experiments.data.pipeline import BatchIterator
+from experiments.data.pipeline import BatchIterator, LengthBucketIterator
 from experiments.errors import UserError
 from experiments.tasks import load_dataset
 
@@ -78,6 +79,15 @@ def _pathfinder(source, data_dir, **kwargs):
 
 # name -> loader(**config.data without "name") -> ({split: arrays}, info); a dataset that must
 # be downloaded raises FileNotFoundError saying how to get it, reported as one error line.
+def real_lengths(tokens, pad_id):
+    """``[N]`` int: the position after each row's last non-padding token of ``tokens [N, L]``
+    (padding at the end; L for data without a padding id)."""
+    if pad_id is None:
+        return np.full(tokens.shape[0], tokens.shape[1])
+    positions = np.arange(1, tokens.shape[1] + 1)
+    return np.max(np.where(tokens != pad_id, positions, 0), axis=1)
+
+
 DATASETS = {"listops": _listops, "text": _text, "retrieval": _retrieval, "image": _image,
             "pathfinder": _pathfinder}
 
@@ -90,6 +100,11 @@ class ClassificationTask:
 
         self.eval_splits = tuple(config.eval_splits)
         self.splits, info = load_dataset(DATASETS, config.data, self.eval_splits)
+        self._pad_id = info["pad_id"]
+        self._length_multiple = config.get("batch_length_multiple", 0)
+        if not isinstance(self._length_multiple, int) or self._length_multiple < 0:
+            raise UserError("config.batch_length_multiple must be an int >= 0 (0: every batch "
+                            f"padded to the full length); got {self._length_multiple!r}")
         self.pair = "tokens1" in self.splits["train"]
         self._inputs_keys = ("tokens1", "tokens2") if self.pair else ("tokens",)
         model_kwargs = config.model.to_dict()
@@ -129,8 +144,17 @@ class ClassificationTask:
         return loss, {"accuracy": accuracy}
 
     def train_batches(self, batch_size, seed):
-        return BatchIterator(self._inputs("train"), batch_size, shuffle=True, seed=seed,
-                             drop_remainder=True)
+        """Shuffled full batches; with ``config.batch_length_multiple`` > 0, batches of similar
+        lengths cut to their longest example rounded up to that multiple (``pipeline.
+        LengthBucketIterator``; pairs: the longer document of each pair)."""
+        inputs = self._inputs("train")
+        if not self._length_multiple:
+            return BatchIterator(inputs, batch_size, shuffle=True, seed=seed,
+                                 drop_remainder=True)
+        lengths = [real_lengths(inputs[k], self._pad_id) for k in self._inputs_keys]
+        return LengthBucketIterator(inputs, batch_size, lengths=np.maximum.reduce(lengths),
+                                    multiple=self._length_multiple, crop=self._inputs_keys,
+                                    seed=seed)
 
     def eval_batches(self, split, batch_size):
         return BatchIterator(self._inputs(split), batch_size, shuffle=False, seed=0,
