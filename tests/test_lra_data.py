@@ -495,6 +495,8 @@ def test_listops_training_batches_are_cut_to_their_lengths(tmp_path):
     from experiments.tasks import get_task
     from experiments.tasks.classification import real_lengths
 
+    np.testing.assert_array_equal(  # up to the last non-padding token, any block of rows
+        real_lengths(np.array([[3, 0, 2, 0], [0, 0, 0, 0], [1, 1, 1, 1]]), 0, rows=2), [3, 0, 4])
     config = config_module.get_config("tiny")
     config.data.cache_dir = str(tmp_path / "cache")
     config.batch_length_multiple = 8

@@ -79,17 +79,21 @@ def _pathfinder(source, data_dir, **kwargs):
 
 # name -> loader(**config.data without "name") -> ({split: arrays}, info); a dataset that must
 # be downloaded raises FileNotFoundError saying how to get it, reported as one error line.
-def real_lengths(tokens, pad_id):
-    """``[N]`` int: the position after each row's last non-padding token of ``tokens [N, L]``
-    (padding at the end; L for data without a padding id)."""
-    if pad_id is None:
-        return np.full(tokens.shape[0], tokens.shape[1])
-    positions = np.arange(1, tokens.shape[1] + 1)
-    return np.max(np.where(tokens != pad_id, positions, 0), axis=1)
-
-
 DATASETS = {"listops": _listops, "text": _text, "retrieval": _retrieval, "image": _image,
             "pathfinder": _pathfinder}
+
+
+def real_lengths(tokens, pad_id, rows=4096):
+    """``[N]`` int: the position after each row's last non-padding token of ``tokens [N, L]``
+    (padding at the end; L for data without a padding id), ``rows`` rows at a time."""
+    if pad_id is None:
+        return np.full(tokens.shape[0], tokens.shape[1])
+    out = np.empty(tokens.shape[0], np.int64)
+    for start in range(0, tokens.shape[0], rows):
+        real = tokens[start:start + rows] != pad_id
+        last = real.shape[1] - np.argmax(real[:, ::-1], axis=1)
+        out[start:start + rows] = np.where(real.any(axis=1), last, 0)
+    return out
 
 
 class ClassificationTask:
