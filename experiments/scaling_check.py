@@ -63,6 +63,7 @@ MODES = {"dp": "data", "fsdp": "fsdp"}  # mode -> the mesh axis the n devices go
 
 def listops(tiny):
     c = listops_config.get_config("tiny" if tiny else None)
+    c.batch_length_multiple = 0  # one batch shape: examples/s comparable across steps
     if not tiny:
         c.data.update(num_train=4096, num_val=64, num_test=64)
     return c
