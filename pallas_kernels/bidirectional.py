@@ -64,7 +64,9 @@ def two_parts_xla(x, dtype):
     16-bit -> float32 round trip (excess precision is allowed by default), which makes the low
     part zero: the scans' dk of normalised LION at V 144 (bf16, strong decay) was off by 1.0e-2
     to 1.4e-2 on four seeds on an H100 against 3.1e-3 in the interpreter (the one-part error;
-    2026-11-27). ``reduce_precision`` rounds as the cast does and is kept."""
+    2026-11-27). XLA's GPU compiler turning ``convert(convert(x, bf16), f32)`` into ``x`` is
+    reported as openxla/xla#41605; ``reduce_precision`` rounds as the cast does and is the op
+    XLA keeps as a barrier to that simplification (openxla/xla#19038's review)."""
     info = jnp.finfo(dtype)
     hi = jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
     return hi.astype(dtype), (x - hi).astype(dtype)
