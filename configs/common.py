@@ -158,13 +158,16 @@ def apply_lra_variant(c, variant):
 
 
 def lra_training(c, *, train_size, batch_size, epochs, weight_decay, warmup_epochs=1,
-                 eval_batch_size=None):
+                 eval_batch_size=None, batch_length_multiple=0):
     """The LRA schedule of paper D.2 with S5's sizes: AdamW at 5e-4, cosine decay after
     ``warmup_epochs`` of linear warmup, ``epochs`` over ``train_size`` examples in batches of
-    ``batch_size``; evaluation and a checkpoint every epoch."""
+    ``batch_size``; evaluation and a checkpoint every epoch. ``batch_length_multiple`` > 0:
+    training batches of similar lengths, each cut to its longest example rounded up to that
+    multiple (``pipeline.LengthBucketIterator``; token tasks only); 0: every batch full length."""
     steps_per_epoch = train_size // batch_size
     c.batch_size = batch_size
     c.eval_batch_size = eval_batch_size or 4 * batch_size
+    c.batch_length_multiple = batch_length_multiple
     c.num_train_steps = epochs * steps_per_epoch
     c.optim.learning_rate = 5e-4
     c.optim.schedule = "cosine"

@@ -6,7 +6,8 @@ r"""Where a config's training step spends its time, from a device trace.
 Builds the task and the jitted train step exactly as the trainer does (one device), then:
 
 1. times ``--steps`` train steps called back to back with one sync at the end (cycling four
-   batches, each run once before), and the host side alone (``next(batches)`` and the transfer to the device);
+   batches, each run twice before, so every batch shape is compiled), and the host side alone
+   (``next(batches)`` and the transfer to the device);
 2. traces ``--steps`` more steps with ``jax.profiler`` and sums the device time of every XLA
    operation, grouped by the Flax module that emitted it (from the ``op_name`` metadata of the
    compiled HLO: ``block_3/mixer/...`` -> ``mixer``, the optimizer update -> ``optimizer``, ...)

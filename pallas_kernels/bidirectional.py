@@ -62,9 +62,9 @@ def two_parts(x, dtype):
 def two_parts_xla(x, dtype):
     """:func:`two_parts` for XLA code outside the kernels. XLA on the GPU may drop a float32 ->
     16-bit -> float32 round trip (excess precision is allowed by default), which makes the low
-    part zero: the scans' dk of normalised LION at V 144 (bf16, strong decay) was off by 1.0e-2
-    to 1.4e-2 on four seeds on an H100 against 3.1e-3 in the interpreter (the one-part error;
-    2026-11-27). XLA's GPU compiler turning ``convert(convert(x, bf16), f32)`` into ``x`` is
+    part zero: ``tests/test_pallas_kernels.py::test_half_precision_decays[bidirectional-16-144-
+    None-strong]`` failed on an H100 with dk 1.40e-2 (seed 198054957, 3.1e-3 in the interpreter;
+    the one-part error; 2026-11-27). XLA's GPU compiler turning ``convert(convert(x, bf16), f32)`` into ``x`` is
     reported as openxla/xla#41605; ``reduce_precision`` rounds as the cast does and is the op
     XLA keeps as a barrier to that simplification (openxla/xla#19038's review)."""
     info = jnp.finfo(dtype)

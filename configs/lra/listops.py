@@ -14,7 +14,7 @@ no positional embedding (LION-S needs none; its decay orders the tokens). Data: 
 generated locally, 96k/2k/2k, lengths 500-2000 (+ EOS), max depth 10, up to 10 arguments.
 Training batches hold examples of similar lengths and are cut to their longest example rounded
 up to 256 tokens (``config.batch_length_multiple``; 0: every batch padded to 2000): the lengths
-average 1,038, so a batch padded to 2000 computes mostly padding. The model, batch size and
+average about 1,040 (docs/benchmarks.md), so a batch padded to 2000 computes mostly padding. The model, batch size and
 per-example math are unchanged; only which examples share a batch differs.
 
 The dataset is generated once (about 25 s on the 16 cores of an H100 host) and cached in
@@ -48,8 +48,7 @@ def get_config(arg=None):
     c.model = common.lra_model(d_model=128, num_layers=8, max_len=2000)
 
     common.lra_training(c, train_size=TRAIN_SIZE, batch_size=BATCH_SIZE, epochs=40,
-                        weight_decay=0.04, eval_batch_size=200)
-    c.batch_length_multiple = 256  # training batches of similar lengths, cut (module doc)
+                        weight_decay=0.04, eval_batch_size=200, batch_length_multiple=256)
 
     if variant == "quick":
         c.data.update(num_train=20_000, num_val=1000, num_test=1000, min_length=16,

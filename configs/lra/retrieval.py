@@ -35,8 +35,8 @@ def get_config(arg=None):
         name="retrieval", data_dir="", cache_dir="~/.cache/lion_jax/retrieval", max_length=4000))
     c.model = common.lra_model(d_model=128, num_layers=6, max_len=4000)
     c.model.pair_mlp_dim = 128
-    common.lra_training(c, train_size=TRAIN_SIZE, batch_size=32, epochs=20, weight_decay=0.05)
-    c.batch_length_multiple = 512  # training batches of similar lengths, cut (pipeline.py)
+    common.lra_training(c, train_size=TRAIN_SIZE, batch_size=32, epochs=20, weight_decay=0.05,
+                        batch_length_multiple=512)
     if variant == "tiny":
         c.data.max_length = c.model.max_len = 40
         c.model.pair_mlp_dim = 16

@@ -33,8 +33,7 @@ def get_config(arg=None):
         max_length=4096, val_fraction=0.0, seed=0))
     c.model = common.lra_model(d_model=256, num_layers=6, dropout=0.1, max_len=4096)
     common.lra_training(c, train_size=25_000, batch_size=50, epochs=35, weight_decay=0.07,
-                        warmup_epochs=0)
-    c.batch_length_multiple = 512  # training batches of similar lengths, cut (pipeline.py)
+                        warmup_epochs=0, batch_length_multiple=512)
     if variant == "tiny":
         c.data.max_length = c.model.max_len = 64
     return common.lra_variant(c, variant)

@@ -91,11 +91,19 @@ class BatchIterator:
         if self._order_epoch != self._epoch:
             if self._shuffle:
                 rng = np.random.default_rng([self._seed, self._epoch])
-                self._order = rng.permutation(self._num_examples)
+                self._order = self._arrange(rng.permutation(self._num_examples))
             else:
                 self._order = np.arange(self._num_examples)
             self._order_epoch = self._epoch
         return self._order
+
+    def _arrange(self, order):
+        """The epoch's visiting order from its permutation ``order`` (a subclass hook)."""
+        return order
+
+    def _finish(self, batch, idx):
+        """The batch of examples ``idx`` as yielded (a subclass hook)."""
+        return batch
 
     def __iter__(self):
         return self
@@ -117,7 +125,7 @@ class BatchIterator:
         self._position = end
         if self._position >= self._epoch_end:
             self._epoch, self._position = self._epoch + 1, 0
-        return batch
+        return self._finish(batch, idx)
 
 
 class LengthBucketIterator(BatchIterator):
@@ -159,29 +167,23 @@ class LengthBucketIterator(BatchIterator):
         self._lengths, self._multiple, self._crop, self._pool = lengths, int(multiple), crop, pool
         self._width = next(iter(widths.values()))
 
-    def _epoch_order(self):
-        if self._order_epoch != self._epoch:
-            order = np.random.default_rng([self._seed, self._epoch]).permutation(
-                self._num_examples)
-            rng = np.random.default_rng([self._seed, self._epoch, 1])
-            span, end = self._batch_size * self._pool, self._epoch_end
-            pieces = []
-            for start in range(0, end, span):
-                idx = order[start:min(start + span, end)]
-                idx = idx[np.argsort(self._lengths[idx], kind="stable")]
-                batches = idx.reshape(-1, self._batch_size)
-                pieces.append(batches[rng.permutation(len(batches))].reshape(-1))
-            self._order = np.concatenate(pieces + [order[end:]])
-            self._order_epoch = self._epoch
-        return self._order
+    def _arrange(self, order):
+        """Pools of ``pool`` batches from the permutation, each sorted by length, its batches
+        in a random order; the examples past the last full batch stay last (never visited)."""
+        rng = np.random.default_rng([self._seed, self._epoch, 1])
+        span, end = self._batch_size * self._pool, self._epoch_end
+        pieces = []
+        for start in range(0, end, span):
+            idx = order[start:min(start + span, end)]
+            batches = idx[np.argsort(self._lengths[idx], kind="stable")].reshape(
+                -1, self._batch_size)
+            pieces.append(batches[rng.permutation(len(batches))].reshape(-1))
+        return np.concatenate(pieces + [order[end:]])
 
-    def __next__(self):
-        if self._num_epochs is not None and self._epoch >= self._num_epochs:
-            raise StopIteration
-        idx = self._epoch_order()[self._position:self._position + self._batch_size]
+    def _finish(self, batch, idx):
+        """Cuts the ``crop`` arrays to the longest of ``idx``, rounded up to ``multiple``."""
         longest = max(int(self._lengths[idx].max()), 1)
         width = min(self._width, -(-longest // self._multiple) * self._multiple)
-        batch = super().__next__()
         for k in self._crop:
             batch[k] = batch[k][:, :width]
         return batch
