@@ -59,16 +59,21 @@ def two_parts(x, dtype):
     return hi, (x - hi.astype(jnp.float32)).astype(dtype)
 
 
-def two_parts_xla(x, dtype):
-    """:func:`two_parts` for XLA code outside the kernels. XLA on the GPU may drop a float32 ->
-    16-bit -> float32 round trip (excess precision is allowed by default), which makes the low
-    part zero: ``tests/test_pallas_kernels.py::test_half_precision_decays[bidirectional-16-144-
-    None-strong]`` failed on an H100 with dk 1.40e-2 (seed 198054957, 3.1e-3 in the interpreter;
-    the one-part error; 2026-11-27). XLA's GPU compiler turning ``convert(convert(x, bf16), f32)`` into ``x`` is
-    reported as openxla/xla#41605; ``reduce_precision`` rounds as the cast does and is the op
-    XLA keeps as a barrier to that simplification (openxla/xla#19038's review)."""
+def rounded_xla(x, dtype):
+    """float32 ``x`` rounded to the 16-bit ``dtype``'s precision, still float32, for XLA code
+    outside the kernels that needs the rounded value itself. XLA on the GPU may drop a float32
+    -> 16-bit -> float32 round trip (excess precision is allowed by default; reported as
+    openxla/xla#41605), so ``x.astype(dtype).astype(float32)`` can come back unrounded there;
+    ``reduce_precision`` rounds as the cast does and is the op XLA keeps as a barrier to that
+    simplification (openxla/xla#19038's review). Casting the result to ``dtype`` is exact."""
     info = jnp.finfo(dtype)
-    hi = jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
+def two_parts_xla(x, dtype):
+    """:func:`two_parts` for XLA code outside the kernels, split by :func:`rounded_xla` (with
+    the plain cast XLA on the GPU may make the low part zero)."""
+    hi = rounded_xla(x, dtype)
     return hi.astype(dtype), (x - hi).astype(dtype)
 
 

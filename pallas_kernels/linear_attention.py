@@ -56,8 +56,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.bidirectional import (bidirectional_scan, lion_backward, to_float32,
-                                          two_parts_xla)
+from pallas_kernels.bidirectional import (bidirectional_scan, lion_backward, rounded_xla,
+                                          to_float32, two_parts_xla)
 from pallas_kernels.bidirectional import supported as lion_backward_supported
 from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
@@ -365,7 +365,10 @@ def _normalised_cotangents(dy, y, den, eps, v):
     m, :func:`centred_values`; m = 0 uncentred), den ``[B, L, H]`` float32 and v (centred).
 
     ``dnum = dy / (den + eps)`` in v's dtype and ``dden = -(dnum . (y - m))`` from dnum as the
-    scans see it, so that the weights' cotangent ``G_ij = dnum_i . v_j + dden_i`` keeps its
+    scans see it (rounded by :func:`bidirectional.rounded_xla`: with a plain cast, XLA on an H100
+    took dden from the unrounded dnum, and bf16 dk was 0.82-1.1e-2 on the three
+    ``test_half_precision_decays`` cases of this path, 2026-11-27; computing dden from the
+    unrounded dnum in the interpreter gives the same 0.74-1.05e-2, against 2.6-3.1e-3), so that the weights' cotangent ``G_ij = dnum_i . v_j + dden_i`` keeps its
     zero mean under the weights (dq and dk are sums that cancel); ``dq_in = [dnum | dden]`` and
     ``v_in = [v | 1]`` carry dden through the dq and dk scans as one more feature column, two
     for 16-bit v (dden in two 16-bit parts, ``bidirectional.two_parts_xla``, against two ones
@@ -376,8 +379,9 @@ def _normalised_cotangents(dy, y, den, eps, v):
     sums (float32 math; a sum of pair terms that cancel, so dnum's 16-bit rounding showed: bf16
     d log_decay up to 5.3e-3 on ``test_lion_offset_values``, V 144, seed 1932922269)."""
     exact = dy.astype(jnp.float32) / (den + eps)[..., None]
-    dnum = exact.astype(v.dtype)
+    dnum = rounded_xla(exact, v.dtype)  # not exact.astype(v.dtype) then back: see rounded_xla
     dden = -_dot_last(dnum, y)
+    dnum = dnum.astype(v.dtype)
     parts = (dden,) if v.dtype == jnp.float32 else two_parts_xla(dden, v.dtype)
     dq_in = jnp.concatenate([dnum] + [p[..., None].astype(v.dtype) for p in parts], axis=-1)
     ones = jnp.ones(v.shape[:3] + (len(parts),), v.dtype)

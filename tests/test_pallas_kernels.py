@@ -241,9 +241,10 @@ def test_half_precision(rng, dtype, op, K, V):
 # sums (was up to 5.9e-3), and LION's scan backwards take dq from float32 scans with y
 # recomputed in float32 for the sequential algorithm (dq was up to 7.7e-3 sequential, 5.5e-3
 # for V > 128; now <= 1.9e-3 over 10 seeds, docs/benchmarks.md, the 2026-11-24 H100 run).
-# On an H100 on 2026-11-27 the V = 144 case failed on every seed tried (dk 1.0e-2 to 1.4e-2,
-# the one-part error of dden: XLA may drop two_parts' round trip); its split is
-# bidirectional.two_parts_xla since, not yet re-run on a GPU.
+# On an H100 on 2026-11-27 the three cases through linear_attention._normalised_cotangents
+# (V = 144 and the two sequential ones) failed with dk 0.82e-2 to 1.4e-2: XLA on the GPU had
+# dropped dnum's bf16 round trip, so dden did not match the dnum the scans see (fixed by
+# bidirectional.rounded_xla).
 HALF_DECAY_CASES = [  # op, K, V, algorithm, decay
     ("causal", 32, 16, None, "zero"),
     ("causal", 32, 16, None, "strong"),
