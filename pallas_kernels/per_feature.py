@@ -127,45 +127,33 @@ def _diagonal(q, k_ref, v_ref, g_ref, p, *, on_key, strict, dtype, precision):
     """The pairs of one sub-chunk with itself: ``[c, BV]`` float32 for the queries ``q [c, Kp]``
     of tokens ``p .. p + c - 1``. The decays ``exp(sum_{j < s <= i} a_s)`` are running products
     over the keys from the last, ``D_j = D_{j+1} * exp(a_{j+1})`` on the rows i > j and 1 on
-    row j, applied elementwise one key at a time (module docstring); strict leaves out j == i."""
+    row j, applied elementwise one key at a time (module docstring); strict leaves out j == i.
+
+    The loop over the c keys is a Python loop (unrolled when traced, every load at a static
+    offset from p), faster on an H100 than a ``fori_loop``."""
     sub = q.shape[0]
     r = jnp.arange(sub)[:, None]  # row (query) index within the sub-chunk
     cols = jnp.arange(sub)[None, :]
-    width = g_ref.shape[1]
-
-    def decays(j, d):
-        """D_j from D_{j+1} (rows [c, F]); for j = c - 1 its row j alone."""
-        e = jnp.exp(g_ref[pl.ds(p + jnp.minimum(j + 1, sub - 1), 1), :].astype(jnp.float32))
-        return jnp.where(r > j, d * e, jnp.where(r == j, 1.0, 0.0))
-
-    def masked(j, d):
-        return jnp.where(r > j, d, 0.0) if strict else d
-
-    d_last = jnp.zeros((sub, width), jnp.float32)
+    d = jnp.zeros((sub, g_ref.shape[1]), jnp.float32)
     if on_key:
-        def key_column(t, carry):
-            scores, d = carry
-            j = sub - 1 - t
-            d = decays(j, d)
+        qf = q.astype(jnp.float32)
+        scores = jnp.zeros((sub, sub), jnp.float32)
+    else:
+        scores = pltriton.dot(q, k_ref[pl.ds(p, sub), :], trans_b=True, precision=precision)
+        out = jnp.zeros((sub, v_ref.shape[1]), jnp.float32)
+    for j in range(sub - 1, -1, -1):
+        e = jnp.exp(g_ref[pl.ds(p + min(j + 1, sub - 1), 1), :].astype(jnp.float32))
+        d = jnp.where(r > j, d * e, jnp.where(r == j, 1.0, 0.0))  # D_j from D_{j+1}
+        masked = jnp.where(r > j, d, 0.0) if strict else d
+        if on_key:
             k_j = k_ref[pl.ds(p + j, 1), :].astype(jnp.float32)
-            col = jnp.sum(q.astype(jnp.float32) * k_j * masked(j, d), axis=1)
-            return jnp.where(cols == j, col[:, None], scores), d
-
-        scores, _ = jax.lax.fori_loop(0, sub, key_column,
-                                      (jnp.zeros((sub, sub), jnp.float32), d_last))
+            col = jnp.sum(qf * k_j * masked, axis=1)
+            scores = jnp.where(cols == j, col[:, None], scores)
+        else:
+            w = jnp.sum(jnp.where(cols == j, scores, 0.0), axis=1)
+            out = out + w[:, None] * masked * v_ref[pl.ds(p + j, 1), :].astype(jnp.float32)
+    if on_key:
         return pltriton.dot(scores.astype(dtype), v_ref[pl.ds(p, sub), :], precision=precision)
-    scores = pltriton.dot(q, k_ref[pl.ds(p, sub), :], trans_b=True, precision=precision)
-
-    def value_column(t, carry):
-        out, d = carry
-        j = sub - 1 - t
-        d = decays(j, d)
-        w = jnp.sum(jnp.where(cols == j, scores, 0.0), axis=1)
-        v_j = v_ref[pl.ds(p + j, 1), :].astype(jnp.float32)
-        return out + w[:, None] * masked(j, d) * v_j, d
-
-    out, _ = jax.lax.fori_loop(0, sub, value_column,
-                               (jnp.zeros((sub, v_ref.shape[1]), jnp.float32), d_last))
     return out
 
 
