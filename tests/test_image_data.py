@@ -428,7 +428,8 @@ def _val_losses(workdir):
 def _learnable(config):
     """``config`` with the crop and flip of DeiT's augmentation but without RandAugment,
     erasing and mixing, which hide the class colours of the stand-in images in 4 steps (the
-    full pipeline trains in test_cifar100_tiny_trains_and_resumes_exactly)."""
+    full pipeline runs, and resumes, in test_cifar100_tiny_trains_and_resumes_exactly: with
+    it the loss need not fall in 4 steps, e.g. 4.66, 5.03, 4.94, 4.78 with seed 3751995378)."""
     config.augment.update(erase_prob=0.0, mix_prob=0.0)
     config.augment.randaugment.num_ops = 0
     return config
@@ -451,7 +452,7 @@ def test_cifar100_tiny_trains_and_resumes_exactly(tmp_path, rng):
     straight = str(tmp_path / "straight")
     summary = train_and_evaluate(config, straight)
     assert summary["final"]["step"] == 4
-    _falls(straight)
+    assert np.all(np.isfinite(_val_losses(straight)))  # DeiT's full pipeline (see _learnable)
 
     segmented = str(tmp_path / "segmented")  # stops at its first checkpoint (step 2), resumes
     train_and_evaluate(_with(config, max_run_seconds=1e-9), segmented)
