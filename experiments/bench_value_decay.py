@@ -1,13 +1,14 @@
 r"""Time LION with a decay per value feature against the same op with one decay per head.
 
-    python -m experiments.bench_value_decay [--out DIR]
+    python -m experiments.bench_value_decay [--segments 0,128,256,512] [--out DIR]
 
 Shape of the LRA ListOps mixer: B 50, L 2000, H 8, K = V = 16, bf16, normalised (so the
 per-value op sees ``[v | 1]``, 32 columns). Every side is timed the same way (:func:`timed`):
 the median of 5 samples of 10 calls back to back with one sync each, after a warm-up call.
 Rows: ``lion_attention`` with ``log_decay [B, L, H, V]`` on ``impl="pallas"``
 (``pallas_kernels.lion_value_decay``) and on the XLA chunked form (chunk 8), and with
-``[B, L, H]`` on the Pallas kernels. Prints a table; with ``--out`` also writes it as Markdown
+``[B, L, H]`` on the Pallas kernels. ``--segments``: one Pallas row per walk segment length
+(``pallas_kernels.value_decay.SEGMENT``; 0: one walk over all L). Prints a table; with ``--out`` also writes it as Markdown
 and a bar chart (PNG). Needs a GPU.
 """
 
@@ -22,6 +23,7 @@ import numpy as np
 from absl import app, flags
 
 from lion_jax import ops
+from pallas_kernels import value_decay
 
 FLAGS = flags.FLAGS
 B, L, H, K, V = 50, 2000, 8, 16, 16
@@ -29,6 +31,8 @@ B, L, H, K, V = 50, 2000, 8, 16, 16
 
 def define_flags():
     flags.DEFINE_string("out", None, "Directory for table.md and plot.png.")
+    flags.DEFINE_list("segments", [], "Walk segment lengths to time (tokens; 0: one walk); "
+                      "default: the kernel's SEGMENT only.")
 
 
 SAMPLES = 5
@@ -76,9 +80,14 @@ def main(argv):
     v = jnp.asarray(r.normal(size=(B, L, H, V)), jnp.bfloat16)
     per_value = jnp.asarray(-r.uniform(0, 0.5, (B, L, H, V)), jnp.float32)
     rows = []
-    for name, impl, chunk, a in (("per value feature, pallas", "pallas", 16, per_value),
-                                 ("per value feature, XLA chunk 8", "chunk", 8, per_value),
-                                 ("per head, pallas", "pallas", 64, per_value[..., 0])):
+    segments = [int(x) for x in FLAGS.segments] or [value_decay.SEGMENT]
+    cases = [(f"per value feature, pallas, segments of {s}" if s > 0 else
+              "per value feature, pallas, one walk", "pallas", 16, per_value, s) for s in segments]
+    cases += [("per value feature, XLA chunk 8", "chunk", 8, per_value, None),
+              ("per head, pallas", "pallas", 64, per_value[..., 0], None)]
+    default_segment = value_decay.SEGMENT
+    for name, impl, chunk, a, segment in cases:
+        value_decay.SEGMENT = default_segment if segment is None else segment
         forward, both = sides(impl, chunk)
         rows.append((name, timed(forward, q, k, v, a), timed(both, q, k, v, a)))
         print(f"{name}: forward {rows[-1][1]:.2f} ms, forward+backward {rows[-1][2]:.2f} ms",

@@ -24,6 +24,17 @@ part is C^2 V masks and no matmul (the chunked kernels this replaced ran 4.5 ms 
 states alone took a third of the training step), while a head's state is small (``K x V``,
 16 x 32 in the LRA models), so one token costs a few hundred register operations per program.
 
+Segments. A walk is sequential over its L tokens, one program per (direction, batch, head,
+V-block). With ``segment > 0`` each direction's walk is cut into segments of at most that
+many tokens (:func:`segment_layout`), walked side by side: a first launch walks every segment
+from a zero state and keeps only its end state and the sum of the log-decays it applied
+(``E_s``, ``a_s``: :func:`_segment_ends_kernel`); XLA chains them by an associative scan over
+the segments, ``S_0 = 0``, ``S_{s+1} = S_s * exp(a_s) + E_s`` (the state entering segment
+s + 1, exact to rounding: the walk is linear in its state and the decays scale it column by
+column); the output walks then start each segment from its ``S_s``. The sequential depth
+drops from L tokens to about ``2 * segment`` for about 1.5x the work, which pays where the
+walks are bound by their length rather than by the GPU's throughput (``SEGMENT``).
+
 Backward, with ``do = dL/dy`` and ``P_ij = sum_v do_iv M_ijv v_jv``:
 
     dq_i = sum_j P_ij k_j,   dk_j = sum_i P_ij q_i,   dv_jv = sum_i s_ij M_ijv do_iv,
@@ -33,7 +44,8 @@ where ``dvF`` sums the queries ``i >= t`` and ``dvB`` those ``i < t`` (the diago
 cancel in dA, whose query and key parts both hold it). One launch (:func:`_backward_kernel`)
 walks both ways with two states each, ``k (x) v`` for dq and ``q (x) do`` for dk and dv: the
 forward walk takes the ``j <= i`` pairs for dq and the ``i < j`` pairs for dk and dv, the
-reverse walk the other halves. The residuals are the inputs and ``F``, ``B`` (``O(L d)``).
+reverse walk the other halves (with segments, both states enter each segment from the same
+chain). The residuals are the inputs and ``F``, ``B`` (``O(L d)``).
 dq and dk come from each direction and block of value columns separately and are summed in
 XLA. Everything is float32 (16-bit inputs are widened on load); the cotangent stays float32.
 """
@@ -54,6 +66,19 @@ BLOCK_V = 16
 # Tokens a loop step of the walks: their loads are issued together (L is zero-padded to a
 # multiple; the padding adds nothing to any state).
 UNROLL = 4
+# Tokens a walk takes at most before the next segment's walk takes over (module docstring);
+# 0: one walk over all L. 0 until timed on a GPU: ``experiments.bench_value_decay --segments
+# 0,128,256,512`` times the choices at ListOps' shape.
+SEGMENT = 0
+
+
+def segment_layout(length, segment):
+    """``(segments, tokens per segment)`` for a walk over ``length`` tokens with at most
+    ``segment`` tokens per segment (``segment`` <= 0: one segment); the tokens per segment are
+    a multiple of ``UNROLL`` and their product (>= length) is the padded length."""
+    count = 1 if segment <= 0 else max(1, -(-length // segment))
+    per = -(-length // (count * UNROLL)) * UNROLL
+    return count, per
 
 
 def walk_inputs_reason(q, k, v, max_k):
@@ -96,31 +121,68 @@ def _params(kp, bv):
     return pltriton.CompilerParams(num_warps=max(1, min(4, kp * bv // 256)), num_stages=2)
 
 
-def _walk(length):
-    """``(forward, token(step), decay_token(t))`` of this program's direction (grid axis 0:
-    0 forward, 1 reverse): ``forward`` 1.0 or 0.0, the token at ``step``, and the token whose
-    log-decay the state takes on arriving at ``t`` (``t`` walking forward; ``t + 1`` in
-    reverse, clamped at the end, where the state is still zero). Integer arithmetic, no
-    selects: Triton takes no boolean operands in these products."""
+def _walk(length, per):
+    """``(forward, tokens(i), decay_token(t))`` of this program's direction (grid axis 0:
+    0 forward, 1 reverse) and segment (grid axis 4, ``per`` walk steps each): ``forward`` 1.0
+    or 0.0; the ``UNROLL`` tokens of the segment's loop step ``i``; the token whose log-decay
+    the state takes on arriving at ``t`` (``t`` walking forward; ``t + 1`` in reverse, clamped
+    at the end, where the state is still zero). Integer arithmetic, no selects: Triton takes no
+    boolean operands in these products."""
     rev = pl.program_id(0)
+    first = pl.program_id(4) * per
 
-    def token(step):
-        return step + rev * (length - 1 - 2 * step)
+    def tokens(i):
+        steps = [first + i * UNROLL + u for u in range(UNROLL)]
+        return [step + rev * (length - 1 - 2 * step) for step in steps]
 
     def decay_token(t):
         return t + rev * (jnp.minimum(t + 1, length - 1) - t)
-    return (1 - rev).astype(jnp.float32), token, decay_token
+    return (1 - rev).astype(jnp.float32), tokens, decay_token
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, g_ref, o_ref, *, length):
-    """One (direction, b, h, V-block): q, k ``[L, Kp]``; v, g, o ``[L, BV]``. Forward: o = F
-    (inclusive), reverse: o = B (strict). ``UNROLL`` tokens a loop step, their loads first."""
+def _start(s0_ref, shape):
+    """The state entering this program's segment: ``s0_ref`` ``[Kp, BV]``, or zero (None)."""
+    return jnp.zeros(shape, jnp.float32) if s0_ref is None else s0_ref[...]
+
+
+def _segment_ends_kernel(*refs, length, per, states):
+    """One (direction, b, h, V-block, segment), walking from zero: ``states`` pairs of refs
+    ``(left [L, Kp], right [L, BV])`` whose end states ``sum_t decay * left_t right_t^T`` go to
+    the first ``states`` output refs ``[Kp, BV]``; g ``[L, BV]``; the last output ``[BV]`` the
+    log-decays the walk applied, summed."""
     f32 = jnp.float32
-    forward, token, decay_token = _walk(length)
+    pairs = [refs[2 * n: 2 * n + 2] for n in range(states)]
+    g_ref, out_refs = refs[2 * states], refs[2 * states + 1:]
+    _, tokens, decay_token = _walk(length, per)
+    kp, bv = out_refs[0].shape
+
+    def step(i, carry):
+        ends, total = carry
+        loaded = [([(left[t, :].astype(f32), right[t, :].astype(f32)) for left, right in pairs],
+                   g_ref[decay_token(t), :]) for t in tokens(i)]
+        for rows, a in loaded:
+            decay = jnp.exp(a)[None, :]
+            ends = tuple(e * decay + l[:, None] * r[None, :] for e, (l, r) in zip(ends, rows))
+            total = total + a
+        return ends, total
+
+    zeros = jnp.zeros((kp, bv), f32)
+    ends, total = jax.lax.fori_loop(0, per // UNROLL, step,
+                                    ((zeros,) * states, jnp.zeros((bv,), f32)))
+    for ref, end in zip(out_refs, ends + (total,)):
+        ref[...] = end
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, g_ref, s0_ref, o_ref, *, length, per):
+    """One (direction, b, h, V-block, segment): q, k ``[L, Kp]``; v, g, o ``[L, BV]``; s0
+    ``[Kp, BV]`` the state entering the segment (None: zero). Forward: o = F (inclusive),
+    reverse: o = B (strict). ``UNROLL`` tokens a loop step, their loads first."""
+    f32 = jnp.float32
+    forward, tokens, decay_token = _walk(length, per)
     kp, bv = k_ref.shape[-1], v_ref.shape[-1]
 
     def step(i, state):
-        ts = [token(i * UNROLL + u) for u in range(UNROLL)]
+        ts = tokens(i)
         loaded = [(q_ref[t, :].astype(f32), k_ref[t, :].astype(f32), v_ref[t, :].astype(f32),
                    jnp.exp(g_ref[decay_token(t), :])[None, :]) for t in ts]
         for t, (q, k, v, decay) in zip(ts, loaded):
@@ -129,20 +191,22 @@ def _forward_kernel(q_ref, k_ref, v_ref, g_ref, o_ref, *, length):
             state = state + k[:, None] * v[None, :]
         return state
 
-    jax.lax.fori_loop(0, length // UNROLL, step, jnp.zeros((kp, bv), f32))
+    jax.lax.fori_loop(0, per // UNROLL, step, _start(s0_ref, (kp, bv)))
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, dq_ref, dk_ref, dv_ref, *, length):
-    """One (direction, b, h, V-block): q, k, dq, dk ``[L, Kp]`` (this V-block's share of dq,
-    dk); v, do, g, dv ``[L, BV]``. Forward walk: dq from the keys ``j <= t``, dk and dv from
-    the queries ``i < t``; reverse walk: dq from ``j > t``, dk and dv from ``i >= t``."""
+def _backward_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, s0_kv_ref, s0_qo_ref, dq_ref, dk_ref,
+                     dv_ref, *, length, per):
+    """One (direction, b, h, V-block, segment): q, k, dq, dk ``[L, Kp]`` (this V-block's share
+    of dq, dk); v, do, g, dv ``[L, BV]``; s0_kv, s0_qo ``[Kp, BV]`` the two states entering the
+    segment (None: zero). Forward walk: dq from the keys ``j <= t``, dk and dv from the
+    queries ``i < t``; reverse walk: dq from ``j > t``, dk and dv from ``i >= t``."""
     f32 = jnp.float32
-    forward, token, decay_token = _walk(length)
+    forward, tokens, decay_token = _walk(length, per)
     kp, bv = k_ref.shape[-1], v_ref.shape[-1]
 
     def step(i, states):
         s_kv, s_qo = states
-        ts = [token(i * UNROLL + u) for u in range(UNROLL)]
+        ts = tokens(i)
         loaded = [(q_ref[t, :].astype(f32), k_ref[t, :].astype(f32), v_ref[t, :].astype(f32),
                    do_ref[t, :].astype(f32), jnp.exp(g_ref[decay_token(t), :])[None, :])
                   for t in ts]
@@ -156,64 +220,110 @@ def _backward_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, dq_ref, dk_ref, dv_ref,
             s_kv, s_qo = s_kv + k[:, None] * v[None, :], s_qo + q[:, None] * do[None, :]
         return s_kv, s_qo
 
-    zeros = jnp.zeros((kp, bv), f32)
-    jax.lax.fori_loop(0, length // UNROLL, step, (zeros, zeros))
+    jax.lax.fori_loop(0, per // UNROLL, step,
+                      (_start(s0_kv_ref, (kp, bv)), _start(s0_qo_ref, (kp, bv))))
 
 
 def _specs(L, kp, bv):
-    """Block specs of a (direction, b, h, V-block j) grid over ``[B, L, H, D]`` arrays: whole
-    rows of q, k; V-block columns; per-direction results ``[2, B, L, H, .]`` (dq and dk with
-    one ``Kp`` block per V-block)."""
-    rows = pl.BlockSpec((None, L, None, kp), lambda e, b, h, j: (b, 0, h, 0))
-    cols = pl.BlockSpec((None, L, None, bv), lambda e, b, h, j: (b, 0, h, j))
-    out_rows = pl.BlockSpec((None, None, L, None, kp), lambda e, b, h, j: (e, b, 0, h, j))
-    out_cols = pl.BlockSpec((None, None, L, None, bv), lambda e, b, h, j: (e, b, 0, h, j))
-    return rows, cols, out_rows, out_cols
+    """Block specs of a (direction, b, h, V-block j, segment) grid over ``[B, L, H, D]``
+    arrays: whole rows of q, k; V-block columns; per-direction results ``[2, B, L, H, .]``
+    (dq and dk with one ``Kp`` block per V-block); the segments' states
+    ``[2, B, H, segments, Kp, Vp]`` and log-decay sums ``[2, B, H, segments, Vp]``."""
+    rows = pl.BlockSpec((None, L, None, kp), lambda e, b, h, j, s: (b, 0, h, 0))
+    cols = pl.BlockSpec((None, L, None, bv), lambda e, b, h, j, s: (b, 0, h, j))
+    out_rows = pl.BlockSpec((None, None, L, None, kp), lambda e, b, h, j, s: (e, b, 0, h, j))
+    out_cols = pl.BlockSpec((None, None, L, None, bv), lambda e, b, h, j, s: (e, b, 0, h, j))
+    state = pl.BlockSpec((None, None, None, None, kp, bv),
+                         lambda e, b, h, j, s: (e, b, h, s, 0, j))
+    total = pl.BlockSpec((None, None, None, None, bv), lambda e, b, h, j, s: (e, b, h, s, j))
+    return rows, cols, out_rows, out_cols, state, total
 
 
-def _directions(q, k, v, g, interpret):
-    """Padded inputs (K = Kp, V = Vp) -> ``[2, B, L, H, Vp]`` float32: ``F`` and ``B``."""
+def _grid(q, v, segments):
+    B, L, H, _ = q.shape
+    _, bv, vp = _layout(q, v)
+    return (2, B, H, vp // bv, segments)
+
+
+def _segment_starts(pairs, g, segments, interpret):
+    """The states entering each segment (module docstring), one ``[2, B, H, segments, Kp,
+    Vp]`` float32 per pair ``(left [B, L, H, Kp], right [B, L, H, Vp])`` of padded inputs
+    (``sum left_t right_t^T`` walked with the decays of g); None each with one segment."""
+    if segments == 1:
+        return [None] * len(pairs)
+    left, right = pairs[0]
+    B, L, H, kp = left.shape
+    vp = right.shape[-1]
+    rows, cols, _, _, state, total = _specs(L, kp, _layout(left, right)[1])
+    outs = pl.pallas_call(
+        functools.partial(_segment_ends_kernel, length=L, per=L // segments, states=len(pairs)),
+        grid=_grid(left, right, segments),
+        in_specs=[rows, cols] * len(pairs) + [cols], out_specs=[state] * len(pairs) + [total],
+        out_shape=[jax.ShapeDtypeStruct((2, B, H, segments, kp, vp), jnp.float32)] * len(pairs)
+        + [jax.ShapeDtypeStruct((2, B, H, segments, vp), jnp.float32)],
+        compiler_params=_params(kp, _layout(left, right)[1]), interpret=interpret,
+        name="lion_value_decay_segment_ends",
+    )(*[x for pair in pairs for x in pair], g)
+    decay = jnp.exp(outs[-1])[..., None, :]  # [2, B, H, segments, 1, Vp]
+
+    def chain(earlier, later):  # two runs of segments as one: (decay, end states...)
+        return (earlier[0] * later[0],) + tuple(e * later[0] + x
+                                                for e, x in zip(earlier[1:], later[1:]))
+    ends = jax.lax.associative_scan(chain, (decay, *outs[:-1]), axis=3)[1:]
+    return [jnp.concatenate([jnp.zeros_like(e[:, :, :, :1]), e[:, :, :, :-1]], axis=3)
+            for e in ends]
+
+
+def _directions(q, k, v, g, interpret, segments):
+    """Padded inputs (K = Kp, V = Vp, L = segments x tokens per segment) ->
+    ``[2, B, L, H, Vp]`` float32: ``F`` and ``B``."""
     B, L, H, kp = q.shape
     _, bv, vp = _layout(q, v)
-    rows, cols, _, out_cols = _specs(L, kp, bv)
+    rows, cols, _, out_cols, state, _ = _specs(L, kp, bv)
+    (s0,) = _segment_starts([(k, v)], g, segments, interpret)
     return pl.pallas_call(
-        functools.partial(_forward_kernel, length=L), grid=(2, B, H, vp // bv),
-        in_specs=[rows, rows, cols, cols], out_specs=out_cols,
+        functools.partial(_forward_kernel, length=L, per=L // segments),
+        grid=_grid(q, v, segments),
+        in_specs=[rows, rows, cols, cols, None if s0 is None else state], out_specs=out_cols,
         out_shape=jax.ShapeDtypeStruct((2, B, L, H, vp), jnp.float32),
         compiler_params=_params(kp, bv), interpret=interpret, name="lion_value_decay_scan",
-    )(q, k, v, g)
+    )(q, k, v, g, s0)
 
 
-def _gradients(q, k, v, do, g, interpret):
+def _gradients(q, k, v, do, g, interpret, segments):
     """Padded inputs -> ``(dq, dk [B, L, H, Kp], dvB, dvF [B, L, H, Vp])`` float32."""
     B, L, H, kp = q.shape
     _, bv, vp = _layout(q, v)
     blocks = vp // bv
-    rows, cols, out_rows, out_cols = _specs(L, kp, bv)
+    rows, cols, out_rows, out_cols, state, _ = _specs(L, kp, bv)
+    s0_kv, s0_qo = _segment_starts([(k, v), (q, do)], g, segments, interpret)
+    starts = [None if s0_kv is None else state] * 2
     dq, dk, dv = pl.pallas_call(
-        functools.partial(_backward_kernel, length=L), grid=(2, B, H, blocks),
-        in_specs=[rows, rows, cols, cols, cols], out_specs=[out_rows, out_rows, out_cols],
+        functools.partial(_backward_kernel, length=L, per=L // segments),
+        grid=_grid(q, v, segments),
+        in_specs=[rows, rows, cols, cols, cols] + starts,
+        out_specs=[out_rows, out_rows, out_cols],
         out_shape=[jax.ShapeDtypeStruct((2, B, L, H, blocks * kp), jnp.float32)] * 2
         + [jax.ShapeDtypeStruct((2, B, L, H, vp), jnp.float32)],
         compiler_params=_params(kp, bv), interpret=interpret, name="lion_value_decay_grads",
-    )(q, k, v, do, g)
+    )(q, k, v, do, g, s0_kv, s0_qo)
     fold = lambda x: x.reshape(2, B, L, H, blocks, kp).sum(axis=(0, 4))  # noqa: E731
     return fold(dq), fold(dk), dv[0], dv[1]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _lion(q, k, v, g, interpret):
-    return jnp.sum(_directions(q, k, v, g, interpret), axis=0)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _lion(q, k, v, g, interpret, segments):
+    return jnp.sum(_directions(q, k, v, g, interpret, segments), axis=0)
 
 
-def _lion_fwd(q, k, v, g, interpret):
-    both = _directions(q, k, v, g, interpret)
+def _lion_fwd(q, k, v, g, interpret, segments):
+    both = _directions(q, k, v, g, interpret, segments)
     return both[0] + both[1], (q, k, v, g, both)
 
 
-def _lion_bwd(interpret, residuals, dy):
+def _lion_bwd(interpret, segments, residuals, dy):
     q, k, v, g, (forward, backward) = residuals
-    dq, dk, dv_b, dv_f = _gradients(q, k, v, dy, g, interpret)
+    dq, dk, dv_b, dv_f = _gradients(q, k, v, dy, g, interpret, segments)
     dA = dy * (forward - backward) - v.astype(jnp.float32) * (dv_f - dv_b)
     return (dq.astype(q.dtype), dk.astype(k.dtype), (dv_b + dv_f).astype(v.dtype),
             reverse_cumsum(dA).astype(g.dtype))
@@ -222,12 +332,15 @@ def _lion_bwd(interpret, residuals, dy):
 _lion.defvjp(_lion_fwd, _lion_bwd)
 
 
-def lion_value_decay(q, k, v, log_decay, *, interpret=None):
+def lion_value_decay(q, k, v, log_decay, *, segment=None, interpret=None):
     """LION's numerator with a decay per value feature (see the module docstring), not SCALE-d.
 
     Args:
       q, k: ``[B, L, H, K]``; v: ``[B, L, H, V]``, one dtype (float32, bfloat16 or float16).
       log_decay: ``[B, L, H, V]``, entries ``<= 0`` (used in float32).
+      segment: tokens a walk takes at most before the next segment's takes over (module
+        docstring, :func:`segment_layout`); <= 0: one walk over all L; None: ``SEGMENT``,
+        read at the call (``experiments.bench_value_decay --segments`` sets it).
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
     Returns:
       ``[B, L, H, V]`` float32; differentiable in all four inputs.
@@ -239,8 +352,9 @@ def lion_value_decay(q, k, v, log_decay, *, interpret=None):
         interpret = jax.default_backend() == "cpu"
     L, V = v.shape[1], v.shape[-1]
     kp, _, vp = _layout(q, v)
-    lp = -(-L // UNROLL) * UNROLL
+    segments, per = segment_layout(L, SEGMENT if segment is None else int(segment))
+    lp = segments * per
     pad = lambda x, d: _pad_axis(_pad_axis(x, 1, lp), 3, d)  # noqa: E731  exact: zeros
     y = _lion(pad(q, kp), pad(k, kp), pad(v, vp), pad(log_decay.astype(jnp.float32), vp),
-              bool(interpret))
+              bool(interpret), segments)
     return y[:, :L, :, :V]

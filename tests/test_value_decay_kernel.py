@@ -77,6 +77,39 @@ def test_numerator_matches_reference(rng, L, K, V, low):
         assert err <= TOL[jnp.float32], f"{name}: {err:.3e}"
 
 
+SEGMENT_CASES = [  # L, K, V, low log-decay, tokens per segment
+    (45, 16, 32, -0.5, 8),  # 6 segments, the last one part padding
+    (70, 24, 48, -20.0, 16),  # strongest decay: the entering states decay to zero
+    (61, 8, 16, 0.0, 4),  # no decay, one loop step per segment
+]
+
+
+@pytest.mark.parametrize("L,K,V,low,segment", SEGMENT_CASES)
+def test_segments_match_reference(rng, L, K, V, low, segment):
+    """float32, the walks cut into segments (module docstring): outputs and gradients against
+    float64, and against one walk over all L."""
+    q, k, v, g, dy = make_inputs(rng, 2, L, 2, K, V, jnp.float32, low)
+    got = value_and_grads(
+        lambda *a: pallas_kernels.lion_value_decay(*a, segment=segment), (q, k, v, g), dy)
+    one = value_and_grads(
+        lambda *a: pallas_kernels.lion_value_decay(*a, segment=0), (q, k, v, g), dy)
+    want = reference((q, k, v, g), dy, normalize=False)
+    for name, a, b, c in zip(["y", "dq", "dk", "dv", "dlog_decay"], got, want, one):
+        err, to_one = rel_err(a, b), rel_err(a, c)
+        print(f"{name}: {err:.2e} (against one walk {to_one:.2e})")
+        assert err <= TOL[jnp.float32] and to_one <= TOL[jnp.float32], name
+
+
+def test_segment_layout():
+    from pallas_kernels.value_decay import UNROLL, segment_layout
+    for length in (1, 3, 45, 1024, 1180, 2000, 65536):
+        for segment in (0, 4, 16, 256):
+            count, per = segment_layout(length, segment)
+            assert per % UNROLL == 0 and count * per >= length
+            assert count == 1 if segment <= 0 else per <= max(segment, UNROLL) and (
+                (count - 1) * per < length)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("normalize", [True, False])
 def test_lion_attention_pallas_impl(rng, dtype, normalize):
