@@ -14,7 +14,8 @@ Builds the task and the jitted train step exactly as the trainer does (one devic
    and by kind (matmul, Pallas kernel, fusion, copy/transpose, reduction, other), and lists the
    most expensive ops.
 
-Prints both tables (ms per step) and, with ``--out``, writes them as JSON and keeps the trace.
+Prints the tables (ms per step) and, with ``--out``, writes them as JSON (with every op's time
+too, ``all_ops``) and keeps the trace.
 """
 
 import collections
@@ -112,7 +113,8 @@ def device_events(trace_dir):
 
 def summarize(events, names, steps, top=15):
     """Three ``{name: ms per step}`` tables: by module group, by kind, and the ``top`` ops
-    (numbered copies of one fusion or kernel counted together, named with their group)."""
+    (numbered copies of one fusion or kernel counted together, named with their group; every
+    op with ``top=None``)."""
     by_group, by_kind, by_op = (collections.Counter() for _ in range(3))
     for op, duration_ns in events:
         ms = duration_ns / 1e6 / steps
@@ -167,7 +169,8 @@ def main(argv):
         for i in range(FLAGS.steps):
             state, metrics = step_fn(state, fixed[i % 4])
         jax.block_until_ready(metrics)
-    by_group, by_kind, by_op = summarize(device_events(trace_dir), names, FLAGS.steps)
+    events = device_events(trace_dir)
+    by_group, by_kind, by_op = summarize(events, names, FLAGS.steps)
     device_ms = sum(by_group.values())
 
     print(f"{jax.devices()[0].device_kind}: {FLAGS.steps} train steps back to back, one sync: "
@@ -180,7 +183,9 @@ def main(argv):
         with open(os.path.join(FLAGS.out, "profile.json"), "w") as f:
             json.dump({"device": jax.devices()[0].device_kind, "step_ms": step_ms,
                        "host_ms": host_ms, "device_ms": device_ms, "by_module": by_group,
-                       "by_kind": by_kind, "top_ops": by_op, "argv": sys.argv}, f, indent=1)
+                       "by_kind": by_kind, "top_ops": by_op,
+                       "all_ops": summarize(events, names, FLAGS.steps, top=None)[2],
+                       "argv": sys.argv}, f, indent=1)
 
 
 if __name__ == "__main__":
