@@ -6,13 +6,8 @@ meshes on a CPU-only machine; single-device tests simply use the first device.
 JAX's compiled executables are dropped after every test module: without that, the whole suite
 in one process (CI) crashed inside XLA's CPU compiler (SIGABRT, then SIGSEGV) about 430 tests
 in, at the same test each time, while that test's file alone passed (CPU CI, 2026-11-24).
-
-Test files run in the order of :func:`pytest_collection_modifyitems` (``SLOWEST_FIRST``, then
-by number of tests), which the README's ``pytest -n 2 --dist loadfile`` keeps: xdist hands
-the files to its two workers in that order, so the longest file does not start last.
 """
 
-import collections
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -24,25 +19,6 @@ else:  # pytest -n workers share the GPU: none may take 75% of its memory up fro
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-
-# Files whose run is long for their number of tests. xdist's default order (files by number of
-# tests) started the notebooks' file (9 tests, 12-13 minutes) about 40th of 49, and one worker
-# ran it alone at the end: the suite took 38:03 on this 2-core machine (2026-11-27).
-SLOWEST_FIRST = ("test_colabs.py",)
-
-
-def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):  # xdist: keep the order below
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """``SLOWEST_FIRST``, then the other files by number of tests (most first); each file's
-    tests stay together and in their order."""
-    counts = collections.Counter(item.path.name for item in items)
-    items.sort(key=lambda item: (item.path.name not in SLOWEST_FIRST, -counts[item.path.name],
-                                 item.path.name))
 
 
 @pytest.fixture(autouse=True, scope="module")
