@@ -8,8 +8,8 @@ the median of 5 samples of 10 calls back to back with one sync each, after a war
 Rows: ``lion_attention`` with ``log_decay [B, L, H, V]`` on ``impl="pallas"``
 (``pallas_kernels.lion_value_decay``) and on the XLA chunked form (chunk 8), and with
 ``[B, L, H]`` on the Pallas kernels. ``--segments``: one Pallas row per walk segment length
-(``pallas_kernels.value_decay.SEGMENT``; 0: one walk over all L). Prints a table; with ``--out`` also writes it as Markdown
-and a bar chart (PNG). Needs a GPU.
+(``pallas_kernels.value_decay.SEGMENT``; 0: one walk over all L). Prints a table; with
+``--out`` also writes it as Markdown and a bar chart (PNG). Needs a GPU.
 """
 
 import os

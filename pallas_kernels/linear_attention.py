@@ -365,15 +365,16 @@ def _normalised_cotangents(dy, y, den, eps, v):
     m, :func:`centred_values`; m = 0 uncentred), den ``[B, L, H]`` float32 and v (centred).
 
     ``dnum = dy / (den + eps)`` in v's dtype and ``dden = -(dnum . (y - m))`` from dnum as the
-    scans see it (rounded by :func:`bidirectional.rounded_xla`: with a plain cast, XLA on an H100
-    took dden from the unrounded dnum, and bf16 dk was 0.82-1.1e-2 on the three
+    scans see it (rounded by :func:`bidirectional.rounded_xla`: with a plain cast, XLA on an
+    H100 took dden from the unrounded dnum, and bf16 dk was 0.82-1.1e-2 on the three
     ``test_half_precision_decays`` cases of this path, 2026-11-27; computing dden from the
-    unrounded dnum in the interpreter gives the same 0.74-1.05e-2, against 2.6-3.1e-3), so that the weights' cotangent ``G_ij = dnum_i . v_j + dden_i`` keeps its
-    zero mean under the weights (dq and dk are sums that cancel); ``dq_in = [dnum | dden]`` and
-    ``v_in = [v | 1]`` carry dden through the dq and dk scans as one more feature column, two
-    for 16-bit v (dden in two 16-bit parts, ``bidirectional.two_parts_xla``, against two ones
-    columns: bf16, L = 100, log-decay ~ U[-20, 0], dq's relative RMS error was 2.4e-2 with one
-    part, docs/benchmarks.md, the 2026-11-22 H100 run).
+    unrounded dnum in the interpreter gives the same 0.74-1.05e-2, against 2.6-3.1e-3), so that
+    the weights' cotangent ``G_ij = dnum_i . v_j + dden_i`` keeps its zero mean under the
+    weights (dq and dk are sums that cancel); ``dq_in = [dnum | dden]`` and ``v_in = [v | 1]``
+    carry dden through the dq and dk scans as one more feature column, two for 16-bit v (dden in
+    two 16-bit parts, ``bidirectional.two_parts_xla``, against two ones columns: bf16, L = 100,
+    log-decay ~ U[-20, 0], dq's relative RMS error was 2.4e-2 with one part, docs/benchmarks.md,
+    the 2026-11-22 H100 run).
 
     ``pairs = ([v | 1], [dnum | dden])`` in float32, dnum unrounded, for d log_decay's pair
     sums (float32 math; a sum of pair terms that cancel, so dnum's 16-bit rounding showed: bf16
