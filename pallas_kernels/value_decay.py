@@ -67,8 +67,10 @@ BLOCK_V = 16
 # multiple; the padding adds nothing to any state).
 UNROLL = 4
 # Tokens a walk takes at most before the next segment's walk takes over (module docstring);
-# 0: one walk over all L. 0 until timed on a GPU: ``experiments.bench_value_decay --segments
-# 0,128,256,512`` times the choices at ListOps' shape.
+# 0: one walk over all L. At ListOps' shape (800 walks a direction) one walk is fastest: segments
+# of 64-512 took forward 1.37-1.40 ms against 1.04, forward + backward 3.97-4.08 against 3.99
+# (one H200, 2026-11-29, ``experiments.bench_value_decay --segments 0,64,128,256,512``).
+# Segments are for few long walks (small B x H, long L).
 SEGMENT = 0
 
 
