@@ -89,6 +89,7 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.bidirectional import two_parts as _two_parts
 from pallas_kernels.chunk_scan import _next_pow2
 
+LOG2_E = float(np.log2(np.e))  # exp(x) = exp2(x log2(e)): :func:`_decay_masks`
 MAX_LEN = 256
 MAX_DIM = 128
 # Rows of the programs' blocks and of the loops' steps (smaller for shorter sequences).
@@ -195,13 +196,19 @@ def _load_a(a_refs, start, rows, length, orders):
 
 def _decay_masks(a_rows, a_cols):
     """``[M_p]``, ``M_p = exp(-|A^p_i - A^p_j|)`` ``[R, C]`` in [0, 1] per order, from a row
-    block and a column block of each order's A (:func:`_load_a`)."""
+    block and a column block of each order's A (:func:`_load_a`).
+
+    As ``exp2(-|x| log2(e))``: Triton lowers float32 ``exp2`` to libdevice's ``exp2f``, which
+    is shorter than its ``expf`` (one more rounding, of ``|x| log2(e)``, about 1 ulp of the
+    mask). At ViT-T's shape (B 256, L 197, H 3, K = V = 64, bf16, LION-S) the three kernels'
+    time per call fell from 0.452 to 0.426 ms (one H200, 2026-11-29, ``torch.profiler``); an
+    inline ``ex2.approx.ftz`` gave 0.412 and no exponential at all 0.386."""
     masks = []
     for rows, cols in zip(a_rows, a_cols):
         x = rows[0][:, None] - cols[0][None, :]
         if len(rows) == 2:
             x = x + (rows[1][:, None] - cols[1][None, :])
-        masks.append(jnp.exp(-jnp.abs(x)))
+        masks.append(jnp.exp2(jnp.abs(x) * -LOG2_E))
     return masks
 
 
