@@ -199,10 +199,9 @@ def _decay_masks(a_rows, a_cols):
     block and a column block of each order's A (:func:`_load_a`).
 
     As ``exp2(-|x| log2(e))``: Triton lowers float32 ``exp2`` to libdevice's ``exp2f``, which
-    is shorter than its ``expf`` (one more rounding, of ``|x| log2(e)``, about 1 ulp of the
-    mask). At ViT-T's shape (B 256, L 197, H 3, K = V = 64, bf16, LION-S) the three kernels'
-    time per call fell from 0.452 to 0.426 ms (one H200, 2026-11-29, ``torch.profiler``); an
-    inline ``ex2.approx.ftz`` gave 0.412 and no exponential at all 0.386."""
+    is shorter than its ``expf``; the product with log2(e) adds one float32 rounding (the
+    kernel tests' tolerances hold). The three kernels' time at ViT-T's shape fell from 0.452
+    to 0.426 ms per call (docs/benchmarks.md, "Where the train step's time goes")."""
     masks = []
     for rows, cols in zip(a_rows, a_cols):
         x = rows[0][:, None] - cols[0][None, :]
