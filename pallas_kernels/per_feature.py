@@ -55,6 +55,7 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state
 
 _EXACT = jax.lax.Precision.HIGHEST
+PREFIX_BLOCK_K = 32  # K rows per prefix_states program (docs/kernels.md)
 
 
 def _segment_sums(a, mask):
@@ -62,43 +63,49 @@ def _segment_sums(a, mask):
     return pltriton.dot(mask.astype(jnp.float32), a, precision=_EXACT)
 
 
-def _prefix_kernel(u_ref, d_ref, s0_ref, s_in_ref, s_ref, *, num_chunks, reverse):
-    """Pass B, one (b, h, V-block): u, s_in ``[N, Kp, BV]`` (aliased); d ``[N, dk, dv]`` chunk
-    decay factors with dk in {1, Kp}, dv in {1, BV}; s0, s ``[Kp, BV]`` (s0_ref may be None)."""
-    def body(step, state):
-        n = num_chunks - 1 - step if reverse else step
-        update = u_ref[n]
+def _prefix_kernel(u_ref, d_ref, s0_ref, s_in_ref, s_ref, *, num_chunks):
+    """Pass B, one (b, h, K-block, V-block): u, s_in ``[N, BK, BV]`` (aliased); d ``[N, dk, dv]``
+    chunk decay factors with dk in {1, BK}, dv in {1, BV}; s0, s ``[BK, BV]`` (s0_ref may be
+    None). The walk is latency-bound, so each step loads the next chunk's u and d before it
+    stores and updates (a read of n + 1 before the write of n, safe with the aliasing)."""
+    def body(n, carry):
+        state, update, factor = carry
+        following = jnp.minimum(n + 1, num_chunks - 1)
+        next_update, next_factor = u_ref[following], d_ref[following]
         s_in_ref[n] = state
-        return d_ref[n] * state + update
+        return factor * state + update, next_update, next_factor
 
     state = (jnp.zeros(s_ref.shape, jnp.float32) if s0_ref is None
              else s0_ref[...].astype(jnp.float32))
-    s_ref[...] = jax.lax.fori_loop(0, num_chunks, body, state)
+    s_ref[...] = jax.lax.fori_loop(0, num_chunks, body, (state, u_ref[0], d_ref[0]))[0]
 
 
-def prefix_states(u, decay, initial_state, *, reverse, block_v, interpret, num_warps=4):
+def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_warps=4):
     """Pass B: the state entering each chunk and the final state.
 
+    The state's entries are independent walks (the chunk factors act elementwise), so the
+    programs split it into ``block_k x block_v`` tiles: one (b, h, K-block, V-block) each.
+
     Args:
-      u: ``[B, H, N, Kp, Vp]`` float32 chunk contributions (Vp a multiple of block_v).
+      u: ``[B, H, N, Kp, Vp]`` float32 chunk contributions (Kp a multiple of block_k, Vp of
+        block_v; both powers of two >= 16 as Triton tiles need).
       decay: ``[B, H, N, dk, dv]`` float32 factor each chunk multiplies the state by
         (``exp`` of its summed log-decays), dk in {1, Kp} and dv in {1, Vp}.
       initial_state: None or ``[B, H, Kp, Vp]`` float32.
-      reverse: walk the chunks from the last one.
     Returns:
       ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])`` float32; s_in reuses u's buffer.
     """
     B, H, N, kp, vp = u.shape
     dk, dv = decay.shape[-2:]
-    bv = min(block_v, vp)
-    chunks_spec = pl.BlockSpec((None, None, N, kp, bv), lambda b, h, j: (b, h, 0, 0, j))
-    decay_spec = pl.BlockSpec((None, None, N, dk, dv if dv == 1 else bv),
-                              lambda b, h, j: (b, h, 0, 0, 0 if dv == 1 else j))
-    state_spec = pl.BlockSpec((None, None, kp, bv), lambda b, h, j: (b, h, 0, j))
-    kernel = functools.partial(_prefix_kernel, num_chunks=N, reverse=reverse)
+    bk, bv = min(block_k, kp), min(block_v, vp)
+    chunks_spec = pl.BlockSpec((None, None, N, bk, bv), lambda b, h, i, j: (b, h, 0, i, j))
+    decay_spec = pl.BlockSpec(
+        (None, None, N, 1 if dk == 1 else bk, 1 if dv == 1 else bv),
+        lambda b, h, i, j: (b, h, 0, 0 if dk == 1 else i, 0 if dv == 1 else j))
+    state_spec = pl.BlockSpec((None, None, bk, bv), lambda b, h, i, j: (b, h, i, j))
     return pl.pallas_call(
-        kernel,
-        grid=(B, H, vp // bv),
+        functools.partial(_prefix_kernel, num_chunks=N),
+        grid=(B, H, kp // bk, vp // bv),
         in_specs=[chunks_spec, decay_spec, None if initial_state is None else state_spec],
         out_specs=[chunks_spec, state_spec],
         out_shape=[jax.ShapeDtypeStruct(u.shape, jnp.float32),
@@ -218,7 +225,7 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
     decay = jnp.exp(jnp.sum(g.reshape(B, N, chunk, H, -1), axis=2)).transpose(0, 2, 1, 3)
     decay = decay[..., :, None] if on_key else decay[..., None, :]
     s0 = None if s0 is None else pad_state(s0, kp, vp)
-    return prefix_states(u, decay, s0, reverse=False, block_v=bv, interpret=interpret)
+    return prefix_states(u, decay, s0, block_k=PREFIX_BLOCK_K, block_v=bv, interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("decay_on", "reverse", "strict", "chunk",

@@ -587,6 +587,26 @@ def test_per_feature_scan_states(rng):
                 ["states", "final"])
 
 
+@pytest.mark.parametrize("on_key,with_s0", [(True, True), (False, False)])
+def test_prefix_states_tiles(rng, on_key, with_s0):
+    """per_feature.prefix_states split into 16 x 16 tiles of a 32 x 32 state (key or value
+    decay factors, with or without an initial state, odd chunk count) against a float64 walk."""
+    from pallas_kernels.per_feature import prefix_states
+    B, H, N, Kp, Vp = 2, 3, 5, 32, 32
+    u = rng.standard_normal((B, H, N, Kp, Vp)).astype(np.float32)
+    decay = rng.uniform(0.0, 1.0, (B, H, N, Kp, 1) if on_key else (B, H, N, 1, Vp))
+    s0 = rng.standard_normal((B, H, Kp, Vp)).astype(np.float32) if with_s0 else None
+    states = np.zeros((B, H, N, Kp, Vp))
+    S = np.zeros((B, H, Kp, Vp)) if s0 is None else s0.astype(np.float64)
+    for n in range(N):
+        states[:, :, n] = S
+        S = decay[:, :, n] * S + u[:, :, n]
+    got = prefix_states(jnp.asarray(u), jnp.asarray(decay, jnp.float32),
+                        None if s0 is None else jnp.asarray(s0), block_k=16, block_v=16,
+                        interpret=True)
+    check_close(got, [states, S], jnp.float32, ["states", "final"])
+
+
 @pytest.mark.skipif(not ON_GPU, reason="L=65536 needs the compiled kernels (GPU)")
 @pytest.mark.parametrize("bidirectional,per_feature,backend", [
     (False, False, None), (True, False, None), (False, True, None),
