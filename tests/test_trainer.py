@@ -18,7 +18,7 @@ from configs import common
 from experiments import optim, sharding
 from experiments.data.pipeline import BatchIterator
 from experiments.errors import UserError
-from experiments.trainer import train_and_evaluate
+from experiments.trainer import host_variables, split_variables, train_and_evaluate
 
 SEQ, VOCAB, CLASSES = 8, 16, 4
 
@@ -179,6 +179,24 @@ def test_param_shardings_follow_logical_rules():
                                    sharding.axis_rules(config))["params"]
     assert odd["Embed_0"]["embedding"].spec == P(None, None)
     assert odd["Dense_0"]["kernel"].spec == P(None, "model")
+
+
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_host_variables_equal_an_init_on_the_mesh(batchnorm):
+    """The trainer's CPU-compiled init gives numpy arrays equal, bit for bit, to the task's init
+    compiled with the sharded mesh's constraints (the program it replaces)."""
+    config = toy_config(**{"mesh.data": 2, "mesh.fsdp": 2, "mesh.model": 2})
+    mesh, rules = sharding.make_mesh(config.mesh), sharding.axis_rules(config)
+    task, rng = ToyTask(batchnorm=batchnorm), jax.random.PRNGKey(np.random.randint(1 << 30))
+    params, model_state = host_variables(task, rng)
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves((params, model_state)))
+    assert (model_state is None) == (not batchnorm)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        shardings = sharding.param_shardings(jax.eval_shape(task.init, rng), mesh, rules)
+        on_mesh = jax.jit(lambda: split_variables(task, nn.meta.unbox(task.init(rng))),
+                          out_shardings=(shardings["params"], None if not batchnorm else
+                                         sharding.replicated(mesh)))()
+    jax.tree.map(np.testing.assert_array_equal, (params, model_state), jax.device_get(on_mesh))
 
 
 def test_grad_accumulation_matches_full_batch(tmp_path):
