@@ -33,11 +33,11 @@ def _disc(radius):
     return y**2 + x**2 <= radius**2
 
 
-def _generate(rng, resolution, margin, n):
+def _generate(rng, resolution, margin, n, difficulty=pf.DEFAULT_DIFFICULTY):
     """n images of one margin with balanced labels: (uint8 [n, s, s], labels, origin, pair)."""
     labels = rng.permutation(np.tile([0, 1], n // 2))
     origin = rng.integers(0, 2, n)
-    images, pair = pf._generate_group(rng, resolution, margin, labels, origin)
+    images, pair = pf._generate_group(rng, resolution, margin, labels, origin, difficulty)
     return pf._to_bytes(images), labels, origin, pair
 
 
@@ -63,9 +63,12 @@ def _contour_alone(resolution, margin, snake):
     return canvas.inner(layer)
 
 
-@pytest.mark.parametrize("resolution,margin,n", [(32, 1, 600), (128, 2, 100), (128, 3, 50)])
-def test_markers_sit_on_the_ends_of_contours_as_labelled(rng, resolution, margin, n):
-    images, labels, origin, pair = _generate(rng, resolution, margin, n)
+@pytest.mark.parametrize("resolution,margin,n,difficulty", [
+    (32, 1, 600, pf.DEFAULT_DIFFICULTY), (128, 2, 100, pf.DEFAULT_DIFFICULTY),
+    (128, 3, 50, pf.DEFAULT_DIFFICULTY), (32, 1, 200, "curv_baseline")])
+def test_markers_sit_on_the_ends_of_contours_as_labelled(rng, resolution, margin, n,
+                                                         difficulty):
+    images, labels, origin, pair = _generate(rng, resolution, margin, n, difficulty)
     every = np.arange(n)
     tails = np.stack([snake.pos[:, 0] for snake in pair], 1)  # [n, 2 contours, 2]
     heads = np.stack([snake.pos[:, -1] for snake in pair], 1)
@@ -249,6 +252,7 @@ def test_missing_release_says_how_to_get_it(tmp_path):
     (dict(test_fraction=-0.1), "test_fraction"),
     (dict(val_fraction=0.5, test_fraction=0.5), "no training examples"),
     (dict(split="dev"), "split must be one of"),
+    (dict(difficulty="curv_contour_length_12"), "difficulty must be one of curv_baseline"),
 ])
 def test_bad_arguments_raise_one_line(tmp_path, kwargs, match):
     kwargs = dict(dict(split="train", num_examples=10, cache_dir=str(tmp_path)), **kwargs)
@@ -268,3 +272,24 @@ def test_settings_are_lra_s():
     assert large["num_distractor_snakes"] == 35 // large["distractor_length"] == 8
     for s in (small, large):
         assert s["distractor_length"] == s["contour_length"] // 3
+
+
+def test_difficulties_set_the_contour_and_distractor_lengths(rng):
+    for resolution in pf.RESOLUTIONS:
+        assert pf.settings(resolution) == pf.LRA_SETTINGS[resolution]  # LRA's is the default
+    easy = pf.settings(32, "curv_baseline")
+    assert (easy["contour_length"], easy["distractor_length"], easy["num_distractor_snakes"]) \
+        == (6, 2, 10)
+    assert pf.settings(128, "curv_contour_length_9")["num_distractor_snakes"] == 35 // 3
+    labels = rng.permutation(np.tile([0, 1], 20))
+    _, pair = pf._generate_group(rng, 32, 1, labels, rng.integers(0, 2, 40), "curv_baseline")
+    assert all(snake.pos.shape[1] == 6 for snake in pair)
+    keys = {d: pf.cache_path("/c", resolution=32, num_examples=10, seed=0, difficulty=d)
+            for d in pf.DIFFICULTIES}
+    assert len(set(keys.values())) == 3
+    seed = int(rng.integers(2**31))
+    hard = pf.generate_pathfinder(num_examples=20, seed=seed, num_workers=1)
+    easy_tokens, easy_labels = pf.generate_pathfinder(num_examples=20, seed=seed, num_workers=1,
+                                                      difficulty="curv_baseline")
+    np.testing.assert_array_equal(easy_labels, hard[1])  # same label draws, other images
+    assert (easy_tokens != hard[0]).any(1).all()

@@ -5,7 +5,9 @@ Run:  python -m experiments.train --config configs/lra/pathfinder.py[:variant] [
 Data (experiments/data/pathfinder.py): LRA's ``curv_contour_length_14`` set generated locally
 (200k images, 160k / 20k / 20k as S5 splits it, labels balanced; 73 s on 2 CPU cores, cached
 in ``config.data.cache_dir``); ``--config.data.source=files --config.data.data_dir=DIR`` reads
-LRA's released ``pathfinder32`` folder instead.
+LRA's released ``pathfinder32`` folder instead. ``--config.data.difficulty=curv_baseline`` (or
+``curv_contour_length_9``) trains on the Pathfinder challenge's easier sets (shorter contours,
+shorter distractors), generated or read from the release.
 
 Model and schedule: the LRA LION-S with pixel intensities fed through a linear layer
 (``input_encoding="pixels"``, as S5) at S5's Pathfinder sizes (lindermanlab/S5
@@ -31,7 +33,8 @@ def get_config(arg=None, resolution=RESOLUTION):
     c.data = ml_collections.ConfigDict(dict(
         name="pathfinder", source="generate", data_dir="",
         cache_dir="~/.cache/lion_jax/pathfinder", resolution=resolution, num_examples=200_000,
-        val_fraction=0.1, test_fraction=0.1, seed=0, num_workers=0))  # 0: one per CPU
+        val_fraction=0.1, test_fraction=0.1, seed=0, num_workers=0,  # 0: one per CPU
+        difficulty="curv_contour_length_14"))  # LRA's; also curv_baseline, curv_contour_length_9
     c.model = common.lra_model(d_model=192, num_layers=6, dropout=0.05,
                                max_len=resolution * resolution, input_encoding="pixels")
     c.model.bn_momentum = 0.9  # S5's Pathfinder and Path-X scripts (with norm="batchnorm")

@@ -72,6 +72,10 @@ Deliberate differences from the original:
   shifted, identical except within 3 pixels of the border, where Pillow renormalises its
   filter).
 
+Difficulty: LRA's sets are `curv_contour_length_14`; `difficulty` also generates the challenge's
+easier `curv_baseline` (contour length 6) and `curv_contour_length_9` (`settings`), e.g. to check
+that a model learns the task at all.
+
 Data: tokens are the image bytes row-major (uint8, 0..255), labels int32 (`NUM_CLASSES` = 2).
 Generation runs in `num_workers` spawned processes (default: the CPU count; a script calling it
 needs the `if __name__ == "__main__":` guard). Measured on a 2-core CPU: 1,330 32x32 images/s
@@ -121,6 +125,21 @@ LRA_SETTINGS = {
               max_distractor_contour_retrial=4),
 }
 RESOLUTIONS = tuple(LRA_SETTINGS)
+
+# The Pathfinder challenge's difficulties (its folder names -> contour_length, in paddles); LRA
+# uses the hardest. Distractors follow from the contour length as in LRA_SETTINGS.
+DIFFICULTIES = {"curv_baseline": 6, "curv_contour_length_9": 9, "curv_contour_length_14": 14}
+DEFAULT_DIFFICULTY = "curv_contour_length_14"
+_DISTRACTOR_BUDGET = {32: 20, 128: 35}  # num_distractor_snakes = budget // distractor_length
+
+
+def settings(resolution, difficulty=DEFAULT_DIFFICULTY):
+    """Generation settings of `difficulty` at `resolution`: LRA_SETTINGS[resolution] (which is
+    curv_contour_length_14) with its contour_length, distractor_length = contour_length // 3
+    and num_distractor_snakes = (20 at 32 px, 35 at 128 px) // distractor_length."""
+    length = DIFFICULTIES[difficulty]
+    return dict(LRA_SETTINGS[resolution], contour_length=length, distractor_length=length // 3,
+                num_distractor_snakes=_DISTRACTOR_BUDGET[resolution] // (length // 3))
 
 # Constants of the original code.
 _FREE_LEVEL = 0.3  # a mask pixel is free iff its value <= 0.3 (`ceil(mask - 0.3) == 0`)
@@ -623,14 +642,14 @@ def _distractors(rng, s, t, canvas, image, contrast):
                 break
 
 
-def _generate_group(rng, resolution, margin, labels, origin):
+def _generate_group(rng, resolution, margin, labels, origin, difficulty=DEFAULT_DIFFICULTY):
     """Images of one paddle margin: (float64 [n, size, size] before the final byte scaling,
     the two target contours as _Snakes).
 
     labels [n]: 1 puts the second marker on the end of the origin contour, 0 on the end of the
     other one; origin [n] in {0, 1}: the target contour whose tail gets the first marker.
     """
-    s, t = LRA_SETTINGS[resolution], _tables(resolution, margin)
+    s, t = settings(resolution, difficulty), _tables(resolution, margin)
     n = labels.size
     canvas = _Canvas(t, n, s["window_size"])
     image = np.zeros(canvas.mask.size)
@@ -656,7 +675,7 @@ def _to_bytes(images):
     return (np.clip(scaled, 0, 255) + 0.5).astype(np.uint8)
 
 
-def _generate_block(resolution, seed, block):
+def _generate_block(resolution, seed, block, difficulty):
     """Block `block` of the data set of `seed`: (uint8 [B, size^2], int32 labels [B])."""
     s = LRA_SETTINGS[resolution]
     size, margins = s["window_size"], s["paddle_margin_list"]
@@ -671,7 +690,7 @@ def _generate_block(resolution, seed, block):
         if members.size == 0:  # every image of the block drew another margin
             continue
         images[members], _ = _generate_group(rng, resolution, margin, labels[members],
-                                             origin[members])
+                                             origin[members], difficulty)
     return _to_bytes(images).reshape(b, size * size), labels
 
 
@@ -680,7 +699,8 @@ def _block_job(args):
     return _generate_block(*args)
 
 
-def generate_pathfinder(*, resolution=32, num_examples=200_000, seed=0, num_workers=None):
+def generate_pathfinder(*, resolution=32, num_examples=200_000, seed=0, num_workers=None,
+                        difficulty=DEFAULT_DIFFICULTY):
     """Generates Pathfinder images (no caching; see `load_pathfinder`).
 
     Images come in blocks of _BLOCK_SIZE[resolution], block i drawn from
@@ -692,9 +712,9 @@ def generate_pathfinder(*, resolution=32, num_examples=200_000, seed=0, num_work
       (tokens uint8 [num_examples, resolution^2]: the images row-major, 0..255;
        labels int32 [num_examples]: 1 iff the two markers are on one contour).
     """
-    _validate_generation(resolution, num_examples, seed, num_workers)
+    _validate_generation(resolution, num_examples, seed, num_workers, difficulty)
     b = _BLOCK_SIZE[resolution]
-    jobs = [(resolution, seed, i) for i in range(-(-num_examples // b))]
+    jobs = [(resolution, seed, i, difficulty) for i in range(-(-num_examples // b))]
     tokens = np.empty((len(jobs) * b, resolution**2), np.uint8)
     labels = np.empty(len(jobs) * b, np.int32)
     workers = min(num_workers or os.cpu_count() or 1, len(jobs))
@@ -721,14 +741,21 @@ def _check_int(name, value, minimum):
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
-def _validate_generation(resolution, num_examples, seed, num_workers):
+def _validate_generation(resolution, num_examples, seed, num_workers, difficulty):
     if resolution not in LRA_SETTINGS:
         raise ValueError(f"resolution must be one of {RESOLUTIONS} (Pathfinder, Path-X), "
                          f"got {resolution!r}")
+    _validate_difficulty(difficulty)
     _check_int("num_examples", num_examples, 1)
     _check_int("seed", seed, 0)
     if num_workers is not None:
         _check_int("num_workers", num_workers, 1)
+
+
+def _validate_difficulty(difficulty):
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {', '.join(DIFFICULTIES)}, "
+                         f"got {difficulty!r}")
 
 
 def _validate_split(split, val_fraction, test_fraction):
@@ -754,10 +781,12 @@ def _split_range(split, n, val_fraction, test_fraction):
     return int(bounds[i]), int(bounds[i + 1])
 
 
-def cache_path(cache_dir, *, resolution, num_examples, seed):
-    """Path of the cache file of a generated data set (every generation parameter is hashed)."""
+def cache_path(cache_dir, *, resolution, num_examples, seed, difficulty=DEFAULT_DIFFICULTY):
+    """Path of the cache file of a generated data set (every generation parameter is hashed;
+    the default difficulty's key is the one of the files cached before difficulties existed)."""
     key = json.dumps(dict(resolution=resolution, num_examples=num_examples, seed=seed,
-                          settings=LRA_SETTINGS[resolution], block=_BLOCK_SIZE[resolution],
+                          settings=settings(resolution, difficulty),
+                          block=_BLOCK_SIZE[resolution],
                           version=_GENERATOR_VERSION), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return os.path.join(os.path.expanduser(cache_dir), f"pathfinder{resolution}_{digest}.npz")
@@ -773,7 +802,7 @@ def _read_split(path, start, stop, order=None):
 
 def load_pathfinder(split, *, resolution=32, num_examples=200_000, val_fraction=0.1,
                     test_fraction=0.1, seed=0, cache_dir="~/.cache/lion_jax/pathfinder",
-                    num_workers=None):
+                    num_workers=None, difficulty=DEFAULT_DIFFICULTY):
     """One split of a generated Pathfinder (32) or Path-X (128) set, cached under cache_dir.
 
     The `num_examples` images are generated once (`generate_pathfinder`) and split in
@@ -782,28 +811,32 @@ def load_pathfinder(split, *, resolution=32, num_examples=200_000, val_fraction=
 
     Args:
       split: "train", "val" or "test".
-      resolution: 32 (Pathfinder) or 128 (Path-X); LRA_SETTINGS[resolution] are the settings.
+      resolution: 32 (Pathfinder) or 128 (Path-X); `settings(resolution, difficulty)` are the
+        generation settings.
       num_examples: size of the whole set (LRA: 200,000).
       val_fraction, test_fraction: fractions of the set in val and test.
       seed: generation seed; the data is a deterministic function of resolution,
         num_examples and seed.
       cache_dir: directory of the cache files (created if missing).
       num_workers: generation processes (default: the CPU count); does not change the data.
+      difficulty: one of DIFFICULTIES (`settings`); LRA's is the default.
 
     Returns:
       dict(tokens=uint8 [n, resolution^2] row-major pixels 0..255, labels=int32 [n] in {0, 1}).
     """
-    _validate_generation(resolution, num_examples, seed, num_workers)
+    _validate_generation(resolution, num_examples, seed, num_workers, difficulty)
     _validate_split(split, val_fraction, test_fraction)
     start, stop = _split_range(split, num_examples, val_fraction, test_fraction)
-    path = cache_path(cache_dir, resolution=resolution, num_examples=num_examples, seed=seed)
+    path = cache_path(cache_dir, resolution=resolution, num_examples=num_examples, seed=seed,
+                      difficulty=difficulty)
     if not os.path.exists(path):
         name = "Pathfinder" if resolution == 32 else "Path-X"
-        print(f"Generating {name} ({num_examples} images of {resolution}x{resolution}, seed "
-              f"{seed}) into {path} ...", flush=True)
+        print(f"Generating {name} ({num_examples} images of {resolution}x{resolution}, "
+              f"{difficulty}, seed {seed}) into {path} ...", flush=True)
         begin = time.perf_counter()
         tokens, labels = generate_pathfinder(resolution=resolution, num_examples=num_examples,
-                                             seed=seed, num_workers=num_workers)
+                                             seed=seed, num_workers=num_workers,
+                                             difficulty=difficulty)
         common.write_npz(path, dict(tokens=tokens, labels=labels), compressed=False)
         print(f"Generated {name} in {time.perf_counter() - begin:.1f} s", flush=True)
     return _read_split(path, start, stop)
@@ -865,7 +898,7 @@ def _decode_images(root, samples, resolution):
 
 
 def load_pathfinder_images(split, *, data_dir, resolution=32,
-                           difficulty="curv_contour_length_14", val_fraction=0.1,
+                           difficulty=DEFAULT_DIFFICULTY, val_fraction=0.1,
                            test_fraction=0.1, seed=0, cache_dir="~/.cache/lion_jax/pathfinder"):
     """One split of LRA's official Pathfinder images (lra_release/pathfinder<resolution>).
 
@@ -929,13 +962,14 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache_dir", default="~/.cache/lion_jax/pathfinder")
     parser.add_argument("--num_workers", type=int, default=None)
+    parser.add_argument("--difficulty", default=DEFAULT_DIFFICULTY, choices=list(DIFFICULTIES))
     parser.add_argument("--examples_png", default=None,
                         help="also save 8 positive and 8 negative test images as a PNG grid")
     args = parser.parse_args(argv)
     for split in SPLITS:
         d = load_pathfinder(split, resolution=args.resolution, num_examples=args.num_examples,
                             seed=args.seed, cache_dir=args.cache_dir,
-                            num_workers=args.num_workers)
+                            num_workers=args.num_workers, difficulty=args.difficulty)
         print(f"{split}: {d['labels'].size} images; positive fraction "
               f"{d['labels'].mean():.4f}; mean pixel {d['tokens'].mean():.2f}")
     if args.examples_png:

@@ -69,7 +69,8 @@ def _pathfinder(source, data_dir, **kwargs):
         kwargs["num_workers"] = kwargs.get("num_workers") or None  # 0: one per CPU
         splits = {s: pathfinder.load_pathfinder(s, **kwargs) for s in SPLITS}
     elif source == "files":
-        kept = {k: kwargs[k] for k in ("resolution", "val_fraction", "test_fraction", "seed")}
+        kept = {k: kwargs[k] for k in ("resolution", "val_fraction", "test_fraction", "seed",
+                                       "difficulty")}
         splits = {s: pathfinder.load_pathfinder_images(s, data_dir=data_dir, **kept)
                   for s in SPLITS}
     else:
