@@ -109,8 +109,8 @@ def lra_lion_s_mixer():
     return ml_collections.ConfigDict(dict(
         variant="s", impl="auto", chunk_size=16, feature_map="silu_l2", normalize=True,
         decay_shape="vector", decay_init="hippo", hippo_dt_range=(0.001, 0.1),
-        decay_activation="log_sigmoid", value_init="zoh", normalize_unmasked=False,
-        init_std=0.1))
+        decay_activation="log_sigmoid", selective_timescales="spread", value_init="zoh",
+        normalize_unmasked=False, init_std=0.1))
 
 
 def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,

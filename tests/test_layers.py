@@ -295,6 +295,8 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     (dict(variant="lit", decay_init="hippo"), "decay_init='hippo' is for variants"),
     (dict(variant="d", decay_activation="softplus"), "is for variant 's'"),
     (dict(value_init="zoh"), "set decay_init='hippo'"),
+    (dict(selective_timescales="random"), "unknown selective_timescales"),
+    (dict(selective_timescales="hippo"), "orders the gate biases by the HiPPO decays"),
     (dict(variant="retnet", normalize_unmasked=True), "normalize_unmasked=True needs"),
     (dict(normalize_unmasked=True, causal=True), "normalize_unmasked=True needs"),
     (dict(decay_init="hippo", hippo_dt_range=(0.1, 0.01)), "hippo_dt_range"),
@@ -402,6 +404,28 @@ def test_lra_recipe_init(rng, decay_shape):
         np.asarray(p["decay_gate"]["bias"], np.float64)
     expected = -np.logaddexp(0.0, -gate) + hippo.reshape(-1)  # log sigmoid(z) + a_c
     np.testing.assert_allclose(log_decay.reshape(B, L, -1), expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("decay_shape", ["scalar", "vector"])
+def test_selective_timescales_follow_the_hippo_decays(rng, decay_shape):
+    """selective_timescales='hippo': the gate biases are the 'spread' ones, permuted so that
+    the channel with the k-th strongest HiPPO decay gets the k-th strongest selective decay."""
+    x = normal(rng, B, L, D)
+    key = jax_key(rng)
+    kwargs = dict(decay_init="hippo", init_std=0.1)
+    spread = nn.unbox(make_layer("s", decay_shape, **kwargs).init(key, x))["params"]
+    layer = make_layer("s", decay_shape, selective_timescales="hippo", **kwargs)
+    aligned = nn.unbox(layer.init(key, x))["params"]
+    b0 = np.asarray(spread["decay_gate"]["bias"])
+    b1 = np.asarray(aligned["decay_gate"]["bias"])
+    np.testing.assert_array_equal(np.sort(b1), np.sort(b0))  # the same biases, permuted
+    hippo = hippo_log_decays(H, V if decay_shape == "vector" else 1, layer.hippo_dt_range)
+    by_hippo = np.argsort(hippo.reshape(-1), kind="stable")  # strongest HiPPO decay first
+    assert np.all(np.diff(b1[by_hippo]) >= 0)  # ... gets the smallest sigmoid(b) first
+    np.testing.assert_array_equal(aligned["decay_gate"]["kernel"], spread["decay_gate"]["kernel"])
+    # the longest initial memory 1 / |a| of any channel grows
+    memory = [np.max(-1.0 / (hippo.reshape(-1) - np.logaddexp(0.0, -b))) for b in (b0, b1)]
+    assert memory[1] > memory[0]
 
 
 def test_hippo_decays_and_zoh_scales():

@@ -25,6 +25,7 @@ SELECTIVE_VARIANTS = ("s", "grfa", "xlstm")
 DECAY_SHAPES = ("scalar", "vector")
 DECAY_INITS = ("exponents", "hippo")
 DECAY_ACTIVATIONS = ("log_sigmoid", "softplus")
+SELECTIVE_TIMESCALES = ("spread", "hippo")
 VALUE_INITS = ("lecun", "zoh")
 
 DEFAULT_FEATURE_MAP = {
@@ -138,7 +139,13 @@ class LionAttention(nn.Module):
     Decay init: fixed decays and the biases of the decay/forget gates start at
     ``sigmoid(b) = 1 - 2**-e`` with ``e`` spread over ``decay_init_exponents`` across heads
     (across all ``H*V`` channels for vector decay); see :func:`decay_logits`. The input gate of
-    ``xlstm`` starts at bias 0 (``i = 1``).
+    ``xlstm`` starts at bias 0 (``i = 1``). With ``decay_init="hippo"``,
+    ``selective_timescales="hippo"`` hands the same biases to the channels in the order of
+    their HiPPO decays (the strongest HiPPO decay gets the strongest selective one, the weakest
+    the weakest), so the two parts do not cut each other's long memories short. With the
+    default ``"spread"`` they run against each other: the HiPPO steps grow over the heads while
+    ``e`` does too, and in the LRA recipe's Pathfinder layer (8 heads of 24 channels) no
+    channel starts with a memory ``1 / |a|`` above 82 tokens (``"hippo"``: up to 804).
 
     Precision: feature maps, decays and gates (their projections too) are computed in at least
     float32 whatever ``dtype``; ``q, k`` are then cast to the compute dtype for the op, which
@@ -166,6 +173,7 @@ class LionAttention(nn.Module):
       decay_init: ``"exponents"`` (above) or ``"hippo"`` (non-selective HiPPO part, above).
       hippo_dt_range: the steps ``dt`` of the HiPPO init, log-spaced over the heads.
       decay_activation: selective decay ``"log_sigmoid"`` (Eq. 28) or ``"softplus"``.
+      selective_timescales: ``"spread"`` or ``"hippo"`` (the decay-init paragraph above).
       value_init: ``"lecun"`` or ``"zoh"`` (needs ``decay_init="hippo"``).
       normalize_unmasked: SCALE by the unmasked row sum (Table 6 [5]); bidirectional,
         normalised variants only.
@@ -194,6 +202,7 @@ class LionAttention(nn.Module):
     decay_init: str = "exponents"
     hippo_dt_range: tuple[float, float] = (0.001, 0.1)
     decay_activation: str = "log_sigmoid"
+    selective_timescales: str = "spread"
     value_init: str = "lecun"
     normalize_unmasked: bool = False
     init_std: float | None = None
@@ -217,6 +226,8 @@ class LionAttention(nn.Module):
             raise ValueError(f"unknown impl {self.impl!r}; valid: {list(ops.IMPLS)}")
         for name, value, valid in (("decay_init", self.decay_init, DECAY_INITS),
                                    ("decay_activation", self.decay_activation, DECAY_ACTIVATIONS),
+                                   ("selective_timescales", self.selective_timescales,
+                                    SELECTIVE_TIMESCALES),
                                    ("value_init", self.value_init, VALUE_INITS)):
             if value not in valid:
                 raise ValueError(f"unknown {name} {value!r}; valid: {list(valid)}")
@@ -226,6 +237,9 @@ class LionAttention(nn.Module):
         if self.decay_activation != "log_sigmoid" and self.variant != "s":
             raise ValueError(f"decay_activation={self.decay_activation!r} is for variant 's' "
                              f"(the selective decay); got variant={self.variant!r}")
+        if self.selective_timescales == "hippo" and self.decay_init != "hippo":
+            raise ValueError("selective_timescales='hippo' orders the gate biases by the HiPPO "
+                             "decays: set decay_init='hippo'")
         if self.value_init == "zoh" and self.decay_init != "hippo":
             raise ValueError("value_init='zoh' scales W_v by the HiPPO decays: set "
                              "decay_init='hippo'")
@@ -332,7 +346,10 @@ class LionAttention(nn.Module):
         if self.variant in FIXED_DECAY_VARIANTS:
             return jnp.broadcast_to(fixed.reshape(shape[2:]), shape), None
 
-        bias = decay_logits(channels, self.decay_init_exponents)
+        bias = decay_logits(channels, self.decay_init_exponents)  # weakest decay last
+        if self.selective_timescales == "hippo":
+            strongest_first = np.argsort(self._hippo().reshape(-1), kind="stable")
+            bias[strongest_first] = bias.copy()
         z = self._gate(x, channels, "forget_gate" if self.variant == "xlstm" else "decay_gate",
                        bias, dtype).reshape(shape)
         if self.decay_activation == "softplus":
