@@ -287,11 +287,11 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
             abstract_state, state_sharding)))
         if restored is None:
-            params, model_state = sharding.put_global(
-                fresh, (params_sharding, state_sharding.model_state))
+            params, model_state = fresh
             if hasattr(task, "warm_start"):  # e.g. a pre-trained encoder, read on the host
-                params = sharding.put_global(task.warm_start(sharding.to_host(params)),
-                                             params_sharding)
+                params = task.warm_start(params)
+            params, model_state = sharding.put_global(
+                (params, model_state), (params_sharding, state_sharding.model_state))
             state = jax.jit(init_state, out_shardings=state_sharding)(params, model_state)
             record = {"best": None, "last_eval": None}
         else:
