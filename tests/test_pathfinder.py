@@ -262,6 +262,12 @@ def test_bad_arguments_raise_one_line(tmp_path, kwargs, match):
     assert not os.listdir(tmp_path)  # nothing generated
 
 
+def test_release_reader_checks_the_difficulty(tmp_path):
+    with pytest.raises(ValueError, match="difficulty must be one of curv_baseline") as e:
+        pf.load_pathfinder_images("train", data_dir=str(tmp_path), difficulty="curv_12")
+    assert "\n" not in str(e.value)
+
+
 def test_settings_are_lra_s():
     assert pf.NUM_CLASSES == 2 and pf.RESOLUTIONS == (32, 128)
     small, large = pf.LRA_SETTINGS[32], pf.LRA_SETTINGS[128]

@@ -916,6 +916,7 @@ def load_pathfinder_images(split, *, data_dir, resolution=32,
     """
     if resolution not in LRA_SETTINGS:
         raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
+    _validate_difficulty(difficulty)
     _check_int("seed", seed, 0)
     _validate_split(split, val_fraction, test_fraction)
     root = os.path.join(os.path.abspath(os.path.expanduser(data_dir or "")), difficulty)
