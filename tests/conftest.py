@@ -6,6 +6,13 @@ meshes on a CPU-only machine; single-device tests simply use the first device.
 JAX's compiled executables are dropped after every test module: without that, the whole suite
 in one process (CI) crashed inside XLA's CPU compiler (SIGABRT, then SIGSEGV) about 430 tests
 in, at the same test each time, while that test's file alone passed (CPU CI, 2026-11-24).
+
+On CPU, XLA compiles with most optimisations off (``jax_disable_most_optimizations``): nearly
+every test compiles far more than it computes (interpret-mode kernels, several impls of one op,
+tiny training runs), and unoptimised compiles took 21-36 % off those files' times on 2 CPU cores
+(2026-11-29). Tests that run real training (the notebooks) are marked ``optimized_xla`` and
+compile as users do; they ran 1.7x slower unoptimised. On the GPU (``LION_TEST_GPU=1``) nothing
+changes.
 """
 
 import os
@@ -19,6 +26,25 @@ else:  # pytest -n workers share the GPU: none may take 75% of its memory up fro
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+UNOPTIMIZED = os.environ.get("LION_TEST_GPU") != "1"
+jax.config.update("jax_disable_most_optimizations", UNOPTIMIZED)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "optimized_xla: compile with XLA's optimisations on "
+                                       "(tests that train for real; see tests/conftest.py)")
+
+
+@pytest.fixture(autouse=True)
+def _xla_optimizations(request):
+    """Optimised compiles for tests marked ``optimized_xla``, unoptimised for the rest (CPU)."""
+    optimized = UNOPTIMIZED and request.node.get_closest_marker("optimized_xla") is not None
+    if optimized:
+        jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    if optimized:
+        jax.config.update("jax_disable_most_optimizations", True)
 
 
 @pytest.fixture(autouse=True, scope="module")

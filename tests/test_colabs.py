@@ -24,6 +24,7 @@ def run_notebook(path):
             exec(compile("".join(cell["source"]), f"{path.name}[cell {i}]", "exec"), namespace)
 
 
+@pytest.mark.optimized_xla
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name not in LANGUAGE],
                          ids=lambda p: p.name)
 def test_notebook_runs(path):

@@ -6,6 +6,7 @@ import pytest
 from test_colabs import LANGUAGE, NOTEBOOKS, run_notebook
 
 
+@pytest.mark.optimized_xla
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name in LANGUAGE],
                          ids=lambda p: p.name)
 def test_notebook_runs(path):
