@@ -9,10 +9,10 @@ in, at the same test each time, while that test's file alone passed (CPU CI, 202
 
 On CPU, XLA compiles with most optimisations off (``jax_disable_most_optimizations``): nearly
 every test compiles far more than it computes (interpret-mode kernels, several impls of one op,
-tiny training runs), and unoptimised compiles took 21-36 % off those files' times on 2 CPU cores
-(2026-11-29). Tests that run real training (the notebooks) are marked ``optimized_xla`` and
-compile as users do; they ran 1.7x slower unoptimised. On the GPU (``LION_TEST_GPU=1``) nothing
-changes.
+tiny training runs), and unoptimised compiles took 15-36 % off the times of the files tried on
+2 CPU cores (2026-11-29, docs/benchmarks.md "Test runs"). Tests that run real training (the
+notebooks) are marked ``optimized_xla`` and compile as users do: the ListOps notebook ran 1.7x
+slower unoptimised. On the GPU (``LION_TEST_GPU=1``) nothing changes.
 """
 
 import os
