@@ -262,6 +262,21 @@ def test_bad_arguments_raise_one_line(tmp_path, kwargs, match):
     assert not os.listdir(tmp_path)  # nothing generated
 
 
+def test_cli_writes_examples_and_says_when_pillow_is_missing(tmp_path, capsys, monkeypatch):
+    args = ["--num_examples", "200", "--cache_dir", str(tmp_path / "cache"), "--examples_png"]
+    pf.main(args + [str(tmp_path / "grid.png")])
+    grid = np.asarray(Image.open(tmp_path / "grid.png"))
+    assert grid.shape == (2 * 33, 8 * 33) and grid.dtype == np.uint8
+    assert "positive fraction 0.5000" in capsys.readouterr().out
+
+    monkeypatch.setitem(__import__("sys").modules, "PIL", None)  # import PIL fails
+    with pytest.raises(SystemExit):
+        pf.main(args + [str(tmp_path / "again.png")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith("--examples_png needs Pillow: pip install -e '.[data]' (or pillow)")
+    assert not (tmp_path / "again.png").exists()
+
+
 def test_release_reader_checks_the_difficulty(tmp_path):
     with pytest.raises(ValueError, match="difficulty must be one of curv_baseline") as e:
         pf.load_pathfinder_images("train", data_dir=str(tmp_path), difficulty="curv_12")

@@ -967,6 +967,11 @@ def main(argv=None):
     parser.add_argument("--examples_png", default=None,
                         help="also save 8 positive and 8 negative test images as a PNG grid")
     args = parser.parse_args(argv)
+    if args.examples_png:
+        try:
+            from PIL import Image
+        except ImportError:
+            parser.error("--examples_png needs Pillow: pip install -e '.[data]' (or pillow)")
     for split in SPLITS:
         d = load_pathfinder(split, resolution=args.resolution, num_examples=args.num_examples,
                             seed=args.seed, cache_dir=args.cache_dir,
@@ -974,8 +979,6 @@ def main(argv=None):
         print(f"{split}: {d['labels'].size} images; positive fraction "
               f"{d['labels'].mean():.4f}; mean pixel {d['tokens'].mean():.2f}")
     if args.examples_png:
-        from PIL import Image
-
         Image.fromarray(example_grid(d["tokens"], d["labels"])).save(args.examples_png)
         print(f"examples (top: positive, bottom: negative) in {args.examples_png}")
 
