@@ -16,6 +16,7 @@ one has its markers on two different contours.
 """
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -269,7 +270,7 @@ def test_cli_writes_examples_and_says_when_pillow_is_missing(tmp_path, capsys, m
     assert grid.shape == (2 * 33, 8 * 33) and grid.dtype == np.uint8
     assert "positive fraction 0.5000" in capsys.readouterr().out
 
-    monkeypatch.setitem(__import__("sys").modules, "PIL", None)  # import PIL fails
+    monkeypatch.setitem(sys.modules, "PIL", None)  # import PIL fails
     with pytest.raises(SystemExit):
         pf.main(args + [str(tmp_path / "again.png")])
     error = capsys.readouterr().err.strip().splitlines()[-1]
