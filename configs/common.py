@@ -94,6 +94,8 @@ LRA_VARIANTS = {
     "softplus": "Table 6 [7]: a_i = -softplus(w^T x_i + b)",
     "s5_block": "LION-S in S5's layer (the repository paper D.2 follows): BatchNorm, "
                 "GELU + half-GLU, no MLP",
+    "s5": "S5 itself (lion_jax/layers/s5.py, the reference the recipe comes from) in S5's "
+          "layer; its eigenvalues and steps train at optim.decay_lr_factor",
 }
 
 
@@ -143,9 +145,13 @@ def apply_lra_variant(c, variant):
         "no_selectivity": dict(variant="d"),
         "softplus": dict(decay_activation="softplus"),
     }
-    if variant == "s5_block":
+    if variant in ("s5_block", "s5"):
         c.model.update(channel_mixer="half_glu", norm="batchnorm")
         c.label = "LION-S, S5 block"
+    if variant == "s5":
+        c.model.mixer_kind = "s5"
+        c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1)))
+        c.label = "S5"
     elif variant == "transformer":
         c.model.mixer_kind = "softmax"
         c.model.mixer = ml_collections.ConfigDict(dict(impl="auto"))

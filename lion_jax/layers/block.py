@@ -10,9 +10,11 @@ from lion_jax.layers.lightnet import LightNetAttention
 from lion_jax.layers.lion import LionAttention
 from lion_jax.layers.mlp import Mlp
 from lion_jax.layers.norms import SEQUENCE_NORMS, check_norm, sequence_norm
+from lion_jax.layers.s5 import S5Mixer
 from lion_jax.layers.softmax import SoftmaxAttention
 
-MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention, "lightnet": LightNetAttention}
+MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention, "lightnet": LightNetAttention,
+          "s5": S5Mixer}  # S5: the LRA reference (lion_jax/layers/s5.py)
 # GELU MLP (ViT, BERT); SwiGLU (LightNet's GLU); S5's one-branch GELU + half-GLU (its LRA layer)
 CHANNEL_MIXERS = ("mlp", "swiglu", "half_glu")
 # set by the model that holds the mixer, never in its ``mixer`` keyword arguments
