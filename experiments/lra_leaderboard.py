@@ -11,6 +11,11 @@ Prints a Markdown report (and writes it to ``--output`` when given) with two tab
 * per run: best validation accuracy, test accuracy at that step, steps done, status, wall
   time, device(s) and the ``--config`` argument.
 
+A Pathfinder or Path-X run on another set than LRA's (an easier ``data.difficulty`` such as
+``curv_baseline``, or a generated set of other than LRA's 200,000 images) is not comparable
+with the paper: its task reads e.g. ``Pathfinder (curv_baseline)``, and it appears in the run
+table only.
+
 Every number in our rows comes from the workdirs (``config.json`` and ``metrics.jsonl``, see
 experiments/progress.py). As LRA and S5 report, a run's accuracy is the test accuracy at the
 evaluation step of its best validation accuracy (ties: the earliest). Workdirs of runs still
@@ -26,11 +31,13 @@ import json
 import os
 import sys
 
+from experiments.data.pathfinder import DEFAULT_DIFFICULTY as LRA_DIFFICULTY
 from experiments.errors import UserError
 
 TASKS = ("ListOps", "Text", "Retrieval", "Image", "Pathfinder", "Path-X")
 DATA_TASKS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image"}
 PATHFINDER_TASKS = {32: "Pathfinder", 128: "Path-X"}
+LRA_PATHFINDER_IMAGES = 200_000  # LRA's Pathfinder and Path-X sets (generated ones compared)
 VARIANT_NAMES = {"s": "S", "d": "D", "lit": "LIT", "retnet": "RETNET"}
 
 # (row label, accuracies in TASKS order with "fail" where the paper prints it, average as
@@ -50,7 +57,10 @@ DETAIL_COLUMNS = ("workdir", "task", "model", "best val acc", "test acc at best 
 
 
 def task_name(config):
-    """The LRA column of a run from ``config["data"]`` (``name``, ``resolution``)."""
+    """The LRA column of a run from ``config["data"]`` (``name``, ``resolution``; for
+    Pathfinder also ``difficulty``, ``source`` and ``num_examples``); a Pathfinder set other
+    than LRA's is named in parentheses (module docstring), which no column of the summary
+    takes."""
     data = config["data"]
     name = data["name"]
     if name == "pathfinder":
@@ -58,7 +68,14 @@ def task_name(config):
         if resolution not in PATHFINDER_TASKS:
             raise UserError(f"data.resolution={resolution} is not an LRA Pathfinder size "
                             f"({', '.join(map(str, PATHFINDER_TASKS))})")
-        return PATHFINDER_TASKS[resolution]
+        other = []
+        if data.get("difficulty", LRA_DIFFICULTY) != LRA_DIFFICULTY:
+            other.append(data["difficulty"])
+        if data.get("source", "generate") == "generate" and data.get(
+                "num_examples", LRA_PATHFINDER_IMAGES) != LRA_PATHFINDER_IMAGES:
+            other.append(f"{data['num_examples']:,} images")
+        task = PATHFINDER_TASKS[resolution]
+        return f"{task} ({', '.join(other)})" if other else task
     if name not in DATA_TASKS:
         raise UserError(f"data.name={name!r} is not an LRA task "
                         f"({', '.join([*DATA_TASKS, 'pathfinder'])})")
@@ -222,7 +239,7 @@ def summary_rows(rows):
     """Our rows of the summary table: test accuracy per task, ``*`` from unfinished runs."""
     best = best_runs(rows)
     table = []
-    for model in dict.fromkeys(row["model"] for row in rows):
+    for model in dict.fromkeys(row["model"] for row in rows if row["task"] in TASKS):
         picked = [best.get((model, task)) for task in TASKS]
         cells = ["" if r is None else percent(r["test"]) + ("*" if r["status"] == "running"
                                                               else "") for r in picked]
@@ -259,7 +276,8 @@ def render(rows, now=None):
         "Avg only when all six tasks have a number.",
         markdown_table(["model", *TASKS, "Avg"], summary_rows(rows) + paper),
         SOURCES,
-        "Runs (accuracies in %; wall time summed over the run's starts and resumes):",
+        "Runs (accuracies in %; wall time summed over the run's starts and resumes; a task "
+        "in parentheses is another set than LRA's, left out of the table above):",
         markdown_table(list(DETAIL_COLUMNS), detail_rows(rows)),
     ]) + "\n"
 

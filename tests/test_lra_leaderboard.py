@@ -146,6 +146,29 @@ def test_average_needs_all_six_tasks(workdirs):
     assert line == "| ours: LION-S | 58.00* | 65.00 | 81.00 | 62.00 | 87.00 |  |  |"
 
 
+@pytest.mark.parametrize("data,task", [
+    (dict(difficulty="curv_baseline"), "Pathfinder (curv_baseline)"),
+    (dict(num_examples=2500), "Pathfinder (2,500 images)"),
+    (dict(difficulty="curv_contour_length_9", num_examples=2500),
+     "Pathfinder (curv_contour_length_9, 2,500 images)"),
+    (dict(resolution=128, difficulty="curv_baseline"), "Path-X (curv_baseline)"),
+    (dict(difficulty="curv_contour_length_14", num_examples=200_000), "Pathfinder"),
+    (dict(source="files", num_examples=64), "Pathfinder"),  # LRA's release: no generated size
+])
+def test_pathfinder_runs_on_other_sets_are_named_and_kept_out_of_the_summary(
+        tmp_path, monkeypatch, data, task):
+    monkeypatch.chdir(tmp_path)
+    config = make_config("pathfinder", steps=100, label="S5")
+    config["data"].update(data)
+    path = write_workdir("pf", config, [run_record(0, 0.0), *evals(100, 10.0, 0.94, 0.93)])
+    (row,) = lb.collect([path])
+    assert row["task"] == task
+    report = lb.render([row])
+    assert (table_lines(report, "ours: S5") != []) == (task in lb.TASKS)
+    (line,) = table_lines(report, "runs/pf")
+    assert line.startswith(f"| runs/pf | {task} | S5 | 94.00 | 93.00 |")
+
+
 def test_detail_table(workdirs):
     report = lb.render(lb.collect(workdirs))
     assert table_lines(report, "workdir") == [
