@@ -145,10 +145,11 @@ def apply_lra_variant(c, variant):
         "no_selectivity": dict(variant="d"),
         "softplus": dict(decay_activation="softplus"),
     }
-    if variant in ("s5_block", "s5"):
+    if variant in ("s5_block", "s5"):  # S5's layer
         c.model.update(channel_mixer="half_glu", norm="batchnorm")
+    if variant == "s5_block":
         c.label = "LION-S, S5 block"
-    if variant == "s5":
+    elif variant == "s5":
         c.model.mixer_kind = "s5"
         c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1)))
         c.label = "S5"

@@ -7,8 +7,8 @@ One diagonal complex linear recurrence per direction over a state of ``P`` chann
 
 (``x^f`` walks forward, ``x^b`` backward: bidirectional, as S5's LRA models), discretised by
 zero-order hold with a learnable step ``Delta`` per state channel: ``Lambda_bar = exp(Lambda
-Delta)``, ``B_bar = Lambda^-1 (Lambda_bar - 1) B``. Both walks are ``jax.lax.associative_scan``
-in float32 (complex64).
+Delta)``, ``B_bar = Lambda^-1 (Lambda_bar - 1) B``. Both walks are
+:func:`lion_jax.ops.linear_scan` in float32 (complex64).
 
 Initialisation (paper Sec. 4.3 and App. B): ``Lambda`` are the eigenvalues of the normal part
 of HiPPO-LegS, ``-1/2 + i omega_n``, on ``num_heads`` blocks of ``head_dim`` channels (the
@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lion_jax import ops
+
 
 def hippo_normal(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Eigenvalues ``[n]`` and unitary eigenvectors ``[n, n]`` (complex128) of the normal part
@@ -43,13 +45,9 @@ def hippo_normal(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _walk(decay, inputs, reverse):
     """``x_t = decay * x_{t-1} + inputs_t`` over axis 1 of ``inputs [B, L, P]`` from zero
-    (``reverse``: from the end)."""
-    def combine(first, second):
-        (a1, b1), (a2, b2) = first, second
-        return a1 * a2, a2 * b1 + b2
-
-    decays = jnp.broadcast_to(decay, inputs.shape)
-    return jax.lax.associative_scan(combine, (decays, inputs), axis=1, reverse=reverse)[1]
+    (``reverse``: from the end); ``decay [P]``."""
+    return ops.linear_scan(jnp.broadcast_to(decay, inputs.shape), inputs, axis=1,
+                           reverse=reverse)[1]
 
 
 class S5Mixer(nn.Module):

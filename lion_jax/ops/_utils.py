@@ -22,6 +22,25 @@ def decay_factor(x: jnp.ndarray, ndim: int, *, value_decay: bool = False) -> jnp
     return x.reshape(x.shape + (1,) * (ndim - x.ndim))
 
 
+def linear_scan(decays, inputs, axis, reverse=False):
+    """Every state of the diagonal linear recurrence ``x_t = d_t x_{t-1} + u_t`` along ``axis``
+    from ``x = 0`` (``reverse``: from the end), as an associative scan (``log2 n`` steps of
+    whole-array work) with ``(d1, s1) . (d2, s2) = (d1 d2, d2 s1 + s2)``.
+
+    Args:
+      decays, inputs: arrays of one length along ``axis``; the decays broadcast against the
+        inputs elementwise (any dtype the product takes, complex included).
+    Returns:
+      ``(products, states)``: the decays' running products ``d_1 ... d_t`` (how an initial
+      state enters step t) and the states ``x_t``, in the inputs' layout.
+    """
+    def combine(first, second):
+        (d1, s1), (d2, s2) = first, second
+        return d1 * d2, d2 * s1 + s2
+
+    return jax.lax.associative_scan(combine, (decays, inputs), axis=axis, reverse=reverse)
+
+
 def reverse_sequence(x):
     """Flips the sequence axis (axis 1 of ``[B, L, ...]``); ``None`` passes through."""
     return None if x is None else jnp.flip(x, axis=1)

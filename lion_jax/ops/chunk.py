@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lion_jax.ops import masks
-from lion_jax.ops._utils import bidirectional_from_causal, decay_factor, einsum
+from lion_jax.ops._utils import bidirectional_from_causal, decay_factor, einsum, linear_scan
 
 
 def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64, value_decay=False):
@@ -89,9 +89,8 @@ def causal(q, k, v, log_decay=None, initial_state=None, *, chunk_size=64, value_
 def _carry_states(chunk_decay, chunk_states, state0):
     """States entering each chunk, and after the last: ``S_n = d_n S_{n-1} + local_n``.
 
-    An associative scan over the chunk axis (``log2 N`` steps of whole-array work instead of
-    ``N`` sequential ones) with ``(d1, s1) . (d2, s2) = (d1 d2, d2 s1 + s2)``; the initial
-    state then enters through the scanned decay products.
+    :func:`linear_scan` over the chunk axis (``log2 N`` steps of whole-array work instead of
+    ``N`` sequential ones); the initial state then enters through the scanned decay products.
 
     Args:
       chunk_decay: ``[B, H, N, 1 or K, 1 or V]``; chunk_states: ``[B, H, N, K, V]``.
@@ -99,11 +98,7 @@ def _carry_states(chunk_decay, chunk_states, state0):
     Returns:
       ``(entering [B, H, N, K, V], final_state [B, H, K, V])``.
     """
-    def combine(first, second):
-        (d1, s1), (d2, s2) = first, second
-        return d1 * d2, d2 * s1 + s2
-
-    decays, states = jax.lax.associative_scan(combine, (chunk_decay, chunk_states), axis=2)
+    decays, states = linear_scan(chunk_decay, chunk_states, axis=2)
     states = states + decays * state0[:, :, None]
     entering = jnp.concatenate([state0[:, :, None], states[:, :, :-1]], axis=2)
     return entering, states[:, :, -1]
