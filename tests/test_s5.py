@@ -21,7 +21,7 @@ def _reference(p, u):
     def c(name):
         return np.asarray(p[name], np.float64) @ np.array([1, 1j])
     lam = -np.exp(np.asarray(p["lambda_log_re"], np.float64)) + 1j * np.asarray(
-        p["lambda_im"], np.float64)
+        p.get("lambda_im", 0.0), np.float64)
     step = np.exp(np.asarray(p["log_step"], np.float64))
     lam_bar = np.exp(lam * step)
     b_bar = ((lam_bar - 1) / lam)[:, None] * c("B")
@@ -34,10 +34,12 @@ def _reference(p, u):
     return y + np.asarray(p["D"], np.float64) * u
 
 
-def test_matches_the_recurrence(rng):
+@pytest.mark.parametrize("real_eigenvalues", [False, True])
+def test_matches_the_recurrence(rng, real_eigenvalues):
     x = jnp.asarray(rng.standard_normal((B, L, D)), jnp.float32)
-    layer = S5Mixer(num_heads=H, head_dim=N)
+    layer = S5Mixer(num_heads=H, head_dim=N, real_eigenvalues=real_eigenvalues)
     p = nn.unbox(_params(layer, x, rng))["params"]
+    assert ("lambda_im" in p) != real_eigenvalues
     y = layer.apply({"params": p}, x)
     assert y.shape == x.shape and y.dtype == jnp.float32
     expected = _reference(p, np.asarray(x, np.float64))

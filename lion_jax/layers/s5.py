@@ -16,6 +16,8 @@ block-diagonal init, ``P = num_heads * head_dim``); ``B`` and ``C`` are drawn in
 basis and taken into the eigenbasis ``V`` (``B = V^H B0``, ``C = C0 V``); ``Delta``
 log-uniform in ``dt_range``; ``D`` standard normal. ``Re(Lambda)`` is kept negative as
 ``-exp(.)`` (S5 optionally clips it; a departure that keeps every walk stable).
+``real_eigenvalues=True`` is the ablation without oscillation: ``Lambda = -1/2`` (learnable
+real parts, no imaginary parts), the same bases and steps.
 
 Shapes: ``x [B, L, D] -> [B, L, D]``; ``mask [B, L]`` (True = real token, a prefix per row):
 padding enters neither walk, so real tokens' outputs do not depend on it.
@@ -57,6 +59,7 @@ class S5Mixer(nn.Module):
     Attributes:
       num_heads: HiPPO blocks of the initialisation. head_dim: state channels per block.
       dt_range: range of the log-uniform initial steps ``Delta``.
+      real_eigenvalues: drop the eigenvalues' imaginary parts (module docstring).
       dtype: the output's dtype (None: the input's); the walks run in float32.
       param_dtype: float32.
     """
@@ -64,6 +67,7 @@ class S5Mixer(nn.Module):
     num_heads: int
     head_dim: int
     dt_range: tuple[float, float] = (0.001, 0.1)
+    real_eigenvalues: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -104,8 +108,8 @@ class S5Mixer(nn.Module):
         log_re = self._param("lambda_log_re",
                              lambda key, shape, dtype: jnp.asarray(np.log(-values.real), dtype),
                              (P,))
-        im = self._param("lambda_im", lambda key, shape, dtype: jnp.asarray(values.imag, dtype),
-                         (P,))
+        im = 0.0 if self.real_eigenvalues else self._param(
+            "lambda_im", lambda key, shape, dtype: jnp.asarray(values.imag, dtype), (P,))
         lo, hi = np.log(self.dt_range[0]), np.log(self.dt_range[1])
         log_step = self._param(
             "log_step", lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, lo, hi),
@@ -118,7 +122,7 @@ class S5Mixer(nn.Module):
              for name in ("C_forward", "C_backward")]
         d = self._param("D", nn.initializers.normal(1.0), (D,))
 
-        lam = jax.lax.complex(-jnp.exp(log_re), im)
+        lam = jax.lax.complex(-jnp.exp(log_re), jnp.broadcast_to(im, log_re.shape))
         step = jnp.exp(log_step)
         lam_bar = jnp.exp(lam * step)
         b_bar = ((lam_bar - 1) / lam)[:, None] * b  # [P, D]
