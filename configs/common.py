@@ -151,7 +151,8 @@ def apply_lra_variant(c, variant):
         c.label = "LION-S, S5 block"
     elif variant == "s5":
         c.model.mixer_kind = "s5"
-        c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1), real_eigenvalues=False))
+        c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1),
+                                                        real_eigenvalues=False))
         c.label = "S5"
     elif variant == "transformer":
         c.model.mixer_kind = "softmax"
