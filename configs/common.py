@@ -152,7 +152,8 @@ def apply_lra_variant(c, variant):
     elif variant == "s5":
         c.model.mixer_kind = "s5"
         c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1),
-                                                        real_eigenvalues=False))
+                                                        real_eigenvalues=False,
+                                                        tied_readout=False))
         c.label = "S5"
     elif variant == "transformer":
         c.model.mixer_kind = "softmax"

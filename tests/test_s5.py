@@ -26,7 +26,8 @@ def _reference(p, u):
     lam_bar = np.exp(lam * step)
     b_bar = ((lam_bar - 1) / lam)[:, None] * c("B")
     y = np.zeros(u.shape)
-    for order, cw in ((range(L), c("C_forward")), (range(L - 1, -1, -1), c("C_backward"))):
+    backward = c("C_backward") if "C_backward" in p else c("C_forward")
+    for order, cw in ((range(L), c("C_forward")), (range(L - 1, -1, -1), backward)):
         state = np.zeros((u.shape[0], lam.size), complex)
         for t in order:
             state = lam_bar * state + u[:, t] @ b_bar.T
@@ -34,16 +35,21 @@ def _reference(p, u):
     return y + np.asarray(p["D"], np.float64) * u
 
 
-@pytest.mark.parametrize("real_eigenvalues", [False, True])
-def test_matches_the_recurrence(rng, real_eigenvalues):
+@pytest.mark.parametrize("real_eigenvalues,tied_readout", [(False, False), (True, False),
+                                                          (True, True)])
+def test_matches_the_recurrence(rng, real_eigenvalues, tied_readout):
     x = jnp.asarray(rng.standard_normal((B, L, D)), jnp.float32)
-    layer = S5Mixer(num_heads=H, head_dim=N, real_eigenvalues=real_eigenvalues)
+    layer = S5Mixer(num_heads=H, head_dim=N, real_eigenvalues=real_eigenvalues,
+                    tied_readout=tied_readout)
     p = nn.unbox(_params(layer, x, rng))["params"]
-    assert ("lambda_im" in p) != real_eigenvalues
+    assert ("lambda_im" in p) != real_eigenvalues and ("C_backward" in p) != tied_readout
     y = layer.apply({"params": p}, x)
     assert y.shape == x.shape and y.dtype == jnp.float32
     expected = _reference(p, np.asarray(x, np.float64))
     assert np.linalg.norm(y - expected) / np.linalg.norm(expected) < 1e-5
+    if real_eigenvalues and tied_readout:  # a symmetric filter: reversing commutes with it
+        flipped = layer.apply({"params": p}, x[:, ::-1])
+        np.testing.assert_allclose(flipped[:, ::-1], y, rtol=1e-4, atol=1e-5)
 
 
 def test_init_is_block_diagonal_hippo_normal(rng):

@@ -17,7 +17,9 @@ basis and taken into the eigenbasis ``V`` (``B = V^H B0``, ``C = C0 V``); ``Delt
 log-uniform in ``dt_range``; ``D`` standard normal. ``Re(Lambda)`` is kept negative as
 ``-exp(.)`` (S5 optionally clips it; a departure that keeps every walk stable).
 ``real_eigenvalues=True`` is the ablation without oscillation: ``Lambda = -1/2`` (learnable
-real parts, no imaginary parts), the same bases and steps.
+real parts, no imaginary parts), the same bases and steps. ``tied_readout=True`` reads both
+walks with one ``C`` (``C_b = C_f``): with real eigenvalues the layer is then a symmetric
+filter, as LION's mask is.
 
 Shapes: ``x [B, L, D] -> [B, L, D]``; ``mask [B, L]`` (True = real token, a prefix per row):
 padding enters neither walk, so real tokens' outputs do not depend on it.
@@ -60,6 +62,7 @@ class S5Mixer(nn.Module):
       num_heads: HiPPO blocks of the initialisation. head_dim: state channels per block.
       dt_range: range of the log-uniform initial steps ``Delta``.
       real_eigenvalues: drop the eigenvalues' imaginary parts (module docstring).
+      tied_readout: one ``C`` for both walks (module docstring).
       dtype: the output's dtype (None: the input's); the walks run in float32.
       param_dtype: float32.
     """
@@ -68,6 +71,7 @@ class S5Mixer(nn.Module):
     head_dim: int
     dt_range: tuple[float, float] = (0.001, 0.1)
     real_eigenvalues: bool = False
+    tied_readout: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -119,7 +123,8 @@ class S5Mixer(nn.Module):
                                 lambda b0: basis.conj().T @ b0)
         c_init = nn.initializers.normal(P ** -0.5)
         c = [self._complex_param(name, c_init, (D, P), lambda c0: c0 @ basis)
-             for name in ("C_forward", "C_backward")]
+             for name in ("C_forward",) + (() if self.tied_readout else ("C_backward",))]
+        c = c * 2 if self.tied_readout else c
         d = self._param("D", nn.initializers.normal(1.0), (D,))
 
         lam = jax.lax.complex(-jnp.exp(log_re), jnp.broadcast_to(im, log_re.shape))
