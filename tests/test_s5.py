@@ -35,8 +35,8 @@ def _reference(p, u):
     return y + np.asarray(p["D"], np.float64) * u
 
 
-@pytest.mark.parametrize("real_eigenvalues,tied_readout", [(False, False), (True, False),
-                                                          (True, True)])
+@pytest.mark.parametrize("real_eigenvalues,tied_readout", [(False, False), (False, True),
+                                                          (True, False), (True, True)])
 def test_matches_the_recurrence(rng, real_eigenvalues, tied_readout):
     x = jnp.asarray(rng.standard_normal((B, L, D)), jnp.float32)
     layer = S5Mixer(num_heads=H, head_dim=N, real_eigenvalues=real_eigenvalues,

@@ -122,9 +122,10 @@ class S5Mixer(nn.Module):
         b = self._complex_param("B", lambda key, s: lecun(key, s[::-1]).T, (P, D),
                                 lambda b0: basis.conj().T @ b0)
         c_init = nn.initializers.normal(P ** -0.5)
-        c = [self._complex_param(name, c_init, (D, P), lambda c0: c0 @ basis)
-             for name in ("C_forward",) + (() if self.tied_readout else ("C_backward",))]
-        c = c * 2 if self.tied_readout else c
+        def readout(name):
+            return self._complex_param(name, c_init, (D, P), lambda c0: c0 @ basis)
+        c_forward = readout("C_forward")
+        c_backward = c_forward if self.tied_readout else readout("C_backward")
         d = self._param("D", nn.initializers.normal(1.0), (D,))
 
         lam = jax.lax.complex(-jnp.exp(log_re), jnp.broadcast_to(im, log_re.shape))
@@ -136,5 +137,5 @@ class S5Mixer(nn.Module):
             u = jnp.where(mask[..., None], u, 0.0)
         drive = jnp.einsum("bld,pd->blp", u.astype(jnp.complex64), b_bar)
         y = sum(jnp.einsum("blp,dp->bld", _walk(lam_bar, drive, reverse), cw).real
-                for reverse, cw in ((False, c[0]), (True, c[1])))
+                for reverse, cw in ((False, c_forward), (True, c_backward)))
         return (y + d * u).astype(self.dtype or x.dtype)
