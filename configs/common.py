@@ -93,7 +93,7 @@ LRA_VARIANTS = {
     "no_selectivity": "Table 6 [6]: the HiPPO decay alone (LION-D with a per-feature decay)",
     "softplus": "Table 6 [7]: a_i = -softplus(w^T x_i + b)",
     "s5_block": "LION-S in S5's layer (the repository paper D.2 follows): BatchNorm, "
-                "GELU + half-GLU, no MLP",
+                "GELU + half-GLU (S5's half_glu2 on ListOps and Text), no MLP",
     "s5": "S5 itself (lion_jax/layers/s5.py, the reference the recipe comes from) in S5's "
           "layer; its eigenvalues and steps train at optim.decay_lr_factor",
 }
@@ -119,8 +119,8 @@ def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
               input_encoding="embed"):
     """The LRA classifier of every task: pre-norm LION-S blocks, MLP width ``2 * d_model``,
     LayerNorm, mean pooling, no positions (LION-S orders tokens by its decay), bf16 compute.
-    ``channel_mixer="half_glu"`` swaps each block's MLP for S5's one-branch GELU + half-GLU;
-    ``norm="batchnorm"`` takes S5's BatchNorm (running statistics with momentum
+    ``channel_mixer="half_glu"`` (or ``"half_glu2"``) swaps each block's MLP for S5's
+    one-branch GELU + half-GLU; ``norm="batchnorm"`` takes S5's BatchNorm (running statistics with momentum
     ``bn_momentum``, S5's default 0.95) for every norm."""
     return ml_collections.ConfigDict(dict(
         d_model=d_model, num_layers=num_layers, num_heads=num_heads, mlp_dim=2 * d_model,
@@ -129,9 +129,12 @@ def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
         mixer=lra_lion_s_mixer(), dtype="bfloat16", param_dtype="float32"))
 
 
-def apply_lra_variant(c, variant):
+def apply_lra_variant(c, variant, s5_channel_mixer="half_glu"):
     """Applies one of :data:`LRA_VARIANTS` to config ``c`` (in place); sets ``c.label``, the
-    name the leaderboard shows for ablations. Other variants are left to the config file."""
+    name the leaderboard shows for ablations. Other variants are left to the config file.
+    ``s5_channel_mixer``: the channel mixer of ``s5_block`` and ``s5``, S5's activation for the
+    task (``"half_glu2"`` in its ListOps and IMDb scripts, ``"half_glu"``, its ``half_glu1``,
+    in the others; lindermanlab/S5 ``bin/run_experiments``)."""
     mixer = c.model.mixer
     plain = dict(decay_shape="scalar", decay_init="exponents", value_init="lecun", chunk_size=64)
     changes = {
@@ -146,7 +149,7 @@ def apply_lra_variant(c, variant):
         "softplus": dict(decay_activation="softplus"),
     }
     if variant in ("s5_block", "s5"):  # S5's layer
-        c.model.update(channel_mixer="half_glu", norm="batchnorm")
+        c.model.update(channel_mixer=s5_channel_mixer, norm="batchnorm")
     if variant == "s5_block":
         c.label = "LION-S, S5 block"
     elif variant == "s5":
@@ -208,8 +211,9 @@ def tiny_training(c):
     return c
 
 
-def lra_variant(c, variant):
-    """``tiny`` or one of :data:`LRA_VARIANTS` applied to ``c``; the default (None) keeps it."""
+def lra_variant(c, variant, s5_channel_mixer="half_glu"):
+    """``tiny`` or one of :data:`LRA_VARIANTS` applied to ``c``; the default (None) keeps it.
+    ``s5_channel_mixer``: as :func:`apply_lra_variant`."""
     if variant == "tiny":
         return lra_tiny(c)
-    return apply_lra_variant(c, variant)
+    return apply_lra_variant(c, variant, s5_channel_mixer)

@@ -72,6 +72,19 @@ def test_listops_default_is_the_paper_setting():
     assert c.model.dtype == "bfloat16" and c.model.param_dtype == "float32"
 
 
+@pytest.mark.parametrize("task, layer", [("listops", "half_glu2"), ("text", "half_glu2"),
+                                         ("retrieval", "half_glu"), ("image", "half_glu"),
+                                         ("pathfinder", "half_glu"), ("pathx", "half_glu")])
+def test_s5_variants_take_s5s_layer_of_the_task(task, layer):
+    """``s5_block`` and ``s5`` take S5's activation of the task's script (lindermanlab/S5
+    bin/run_experiments: half_glu2 for ListOps and IMDb, the default half_glu1 elsewhere)."""
+    module = importlib.import_module(f"configs.lra.{task}")
+    for variant in ("s5_block", "s5"):
+        c = module.get_config(variant)
+        assert (c.model.channel_mixer, c.model.norm) == (layer, "batchnorm"), (task, variant)
+    assert module.get_config().model.channel_mixer == "mlp"
+
+
 def test_parse_variant():
     variants = {"quick": "q", "tiny": "t"}
     assert common.parse_variant(None, variants) is None

@@ -261,13 +261,15 @@ def test_float32_gather_embed_matches_take(rng):
         ours.apply(params, ids.astype(jnp.float32))
 
 
-def test_half_glu_blocks_are_s5_layers(rng):
+@pytest.mark.parametrize("layer", ["half_glu", "half_glu2"])
+def test_half_glu_blocks_are_s5_layers(rng, layer):
     """channel_mixer="half_glu": one residual branch per block, x + h * sigmoid(Dense(h)) with
-    h = gelu(mixer(norm(x))), and no MLP; the classifier trains (finite gradients everywhere)."""
+    h = gelu(m), m = mixer(norm(x)), and no MLP; "half_glu2": x + m * sigmoid(Dense(h)). The
+    classifier trains (finite gradients everywhere)."""
     from lion_jax.layers.block import MIXERS, ResidualBlock
     from lion_jax.layers.norms import make_norm
 
-    model = make_model(channel_mixer="half_glu", num_layers=1)
+    model = make_model(channel_mixer=layer, num_layers=1)
     tokens = random_tokens(rng)
     params = nn.unbox(model.init(jax_key(rng), tokens, train=False))["params"]
     block = params["block_0"]
@@ -275,13 +277,15 @@ def test_half_glu_blocks_are_s5_layers(rng):
 
     x = jnp.asarray(rng.normal(size=(B, L, 16)), jnp.float32)
     mask = jnp.ones((B, L), bool)
-    got = ResidualBlock(model._mixer_kwargs(), 32, channel_mixer="half_glu").apply(
+    got = ResidualBlock(model._mixer_kwargs(), 32, channel_mixer=layer).apply(
         {"params": block}, x, mask)
     normed = make_norm("layernorm").apply({"params": block["mixer_norm"]}, x)
-    h = jax.nn.gelu(MIXERS["lion"](**model._mixer_kwargs()).apply(
-        {"params": block["mixer"]}, normed, mask))
+    m = MIXERS["lion"](**model._mixer_kwargs()).apply({"params": block["mixer"]}, normed, mask)
+    h = jax.nn.gelu(m)
     gate = h @ block["glu"]["kernel"] + block["glu"]["bias"]
-    np.testing.assert_allclose(got, x + h * jax.nn.sigmoid(gate), rtol=1e-5, atol=1e-5)
+    gated = h if layer == "half_glu" else m
+    np.testing.assert_allclose(got, x + gated * jax.nn.sigmoid(gate), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(m, h, atol=1e-3)  # the two layers differ on this input
 
     labels = jnp.asarray(rng.integers(0, CLASSES, B))
 

@@ -72,5 +72,5 @@ def get_config(arg=None):
         if variant == "tiny":
             c.data.update(num_train=256, num_val=64, num_test=64, min_length=8, max_length=32)
             c.model.max_len = 32
-        common.lra_variant(c, variant)
+        common.lra_variant(c, variant, s5_channel_mixer="half_glu2")  # S5's ListOps layer
     return c

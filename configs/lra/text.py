@@ -36,4 +36,4 @@ def get_config(arg=None):
                         warmup_epochs=0, batch_length_multiple=512)
     if variant == "tiny":
         c.data.max_length = c.model.max_len = 64
-    return common.lra_variant(c, variant)
+    return common.lra_variant(c, variant, s5_channel_mixer="half_glu2")  # S5's IMDb layer

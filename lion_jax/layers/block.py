@@ -16,7 +16,7 @@ from lion_jax.layers.softmax import SoftmaxAttention
 MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention, "lightnet": LightNetAttention,
           "s5": S5Mixer}  # S5: the LRA reference (lion_jax/layers/s5.py)
 # GELU MLP (ViT, BERT); SwiGLU (LightNet's GLU); S5's one-branch GELU + half-GLU (its LRA layer)
-CHANNEL_MIXERS = ("mlp", "swiglu", "half_glu")
+CHANNEL_MIXERS = ("mlp", "swiglu", "half_glu", "half_glu2")
 # set by the model that holds the mixer, never in its ``mixer`` keyword arguments
 RESERVED_MIXER_KEYS = ("num_heads", "head_dim", "dtype", "param_dtype")
 
@@ -73,13 +73,20 @@ class ResidualBlock(nn.Module):
         h = Dropout(gelu(Mixer(Norm(x), mask)))
         x = x + DropPath(Dropout(h * sigmoid(Dense(h))))
 
+    ``channel_mixer="half_glu2"`` is S5's ``half_glu2``, the layer of its ListOps and IMDb
+    scripts: the GELU feeds only the gate, the mixer's output passes ungated by it::
+
+        m = Mixer(Norm(x), mask)
+        x = x + DropPath(Dropout(m * sigmoid(Dense(Dropout(gelu(m))))))
+
     Attributes:
       mixer: keyword arguments of the mixer (``num_heads``, ``head_dim``, ``variant``,
         ``impl``, ...), except ``dtype`` and ``param_dtype`` (taken from here).
       mlp_dim: hidden width of the MLP.
       mixer_kind: a key of :data:`MIXERS` (``"lion"``: :class:`LionAttention`,
         ``"softmax"``: :class:`SoftmaxAttention`, ``"lightnet"``: :class:`LightNetAttention`).
-      channel_mixer: ``"mlp"``, ``"swiglu"`` or ``"half_glu"`` (:data:`CHANNEL_MIXERS`).
+      channel_mixer: ``"mlp"``, ``"swiglu"``, ``"half_glu"`` or ``"half_glu2"``
+        (:data:`CHANNEL_MIXERS`).
       dropout: rate of the residual-branch dropouts and the MLP's inner dropout.
       drop_path: stochastic depth: the rate at which a residual branch is dropped for a whole
         example in training (the kept ones scaled by ``1 / (1 - rate)``).
@@ -135,12 +142,12 @@ class ResidualBlock(nn.Module):
             h = mixer(h, mask, orders=orders)
         else:
             h = mixer(h, mask)
-        if self.channel_mixer == "half_glu":
-            h = nn.Dropout(self.dropout)(nn.gelu(h), deterministic=deterministic)
+        if self.channel_mixer in ("half_glu", "half_glu2"):
+            g = nn.Dropout(self.dropout)(nn.gelu(h), deterministic=deterministic)
             gate = nn.Dense(x.shape[-1], **dtypes, name="glu", kernel_init=(
                 nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))),
-                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(h)
-            return x + branch(h * nn.sigmoid(gate))
+                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(g)
+            return x + branch((g if self.channel_mixer == "half_glu" else h) * nn.sigmoid(gate))
         x = x + branch(h)
         h = norm(x, "mlp_norm")
         if self.channel_mixer == "swiglu":

@@ -40,7 +40,8 @@ class SequenceClassifier(nn.Module):
       head_dim: query/key width per head; None = ``d_model // num_heads``.
       mlp_dim: MLP hidden width.
       channel_mixer: the blocks' channel mixer (:data:`lion_jax.layers.block.CHANNEL_MIXERS`):
-        ``"mlp"`` (default), ``"swiglu"``, or ``"half_glu"`` (S5's LRA layer, no MLP).
+        ``"mlp"`` (default), ``"swiglu"``, ``"half_glu"`` or ``"half_glu2"`` (S5's LRA layers,
+        no MLP).
       dropout: rate (embedding, residual branches, MLP); active with ``train=True``.
       pooling: ``"mean"`` over real tokens, ``"cls"`` (a learned token prepended after the
         positional embedding, so it has no position; its output is the summary) or ``"last"``
