@@ -25,6 +25,7 @@ computes exactly what the uninterrupted run computes (the train-metric averages 
 """
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any
@@ -212,6 +213,42 @@ def _check_config(config):
                         f"with split in config.eval_splits {tuple(config.eval_splits)}")
 
 
+def _check_same_model(workdir, config):
+    """Resuming: ``config.model`` must be the model in ``workdir/config.json``, or the run
+    would go on as another model whose parameters happen to have the same shapes (a config
+    default changed since, a flag left out). UserError names the first key that differs.
+    Keys in only one of the two are not compared (a key added since is taken to default to
+    the old behaviour). The training loop's settings (segments, checkpoints, batching) may
+    change."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        stored = json.load(f).get("model")
+    now = json.loads(config.to_json_best_effort()).get("model")
+    if stored is None or now is None:
+        return
+
+    def first_difference(old, new, prefix):
+        for key in sorted(set(old) & set(new)):
+            a, b = old[key], new[key]
+            if isinstance(a, dict) and isinstance(b, dict):
+                found = first_difference(a, b, f"{prefix}.{key}")
+                if found:
+                    return found
+            elif a != b:
+                return f"{prefix}.{key}", a, b
+        return None
+
+    found = first_difference(stored, now, "model")
+    if found is None:
+        return
+    key, old, new = found
+    raise UserError(f"{workdir} holds a run with {key}={old!r}, this config has {new!r}: "
+                    f"resume with the run's settings (--config.{key}={old!r}; its "
+                    "config.json has them all) or train in a new --workdir")
+
+
 def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=None):
     """Trains ``config`` in ``workdir`` (resuming from its latest checkpoint if any).
 
@@ -241,12 +278,14 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
     total_steps = config.num_train_steps
     tx, schedule = optim.make_optimizer(config.optim, total_steps)
     os.makedirs(workdir, exist_ok=True)
+    checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
+    if checkpointer.latest_step() is not None:
+        _check_same_model(workdir, config)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config.to_json_best_effort(indent=2))
 
     init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-    checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
     fresh = None if checkpointer.latest_step() is not None else host_variables(task, init_rng)
     repl = sharding.replicated(mesh)
     data_sharding = sharding.batch_sharding(mesh)

@@ -320,6 +320,31 @@ def test_resume_with_a_different_model_is_a_user_error(tmp_path):
                            str(tmp_path), task=ToyTask())
 
 
+def test_resume_with_other_model_settings_of_the_same_shapes_is_a_user_error(tmp_path):
+    """config.model differs from the run's config.json (the parameters would fit: ToyTask
+    ignores the key): one error line naming the key and both values; a key the run's
+    config.json lacks (added since) is not compared, and the run resumes."""
+    import ml_collections
+
+    def config(steps, **model):
+        c = toy_config(num_train_steps=steps, checkpoint_every=2)
+        c.model = ml_collections.ConfigDict({"channel_mixer": "half_glu",
+                                             "mixer": {"variant": "s"}, **model})
+        return c
+
+    workdir = str(tmp_path)
+    train_and_evaluate(config(2), workdir, task=ToyTask())
+    with pytest.raises(UserError, match=r"holds a run with model\.mixer\.variant='s', this "
+                                        r"config has 'd': resume with the run's settings "
+                                        r"\(--config\.model\.mixer\.variant='s'"):
+        train_and_evaluate(config(4, mixer={"variant": "d"}), workdir, task=ToyTask())
+    with pytest.raises(UserError, match=r"model\.channel_mixer='half_glu', this config has "
+                                        r"'half_glu2'"):
+        train_and_evaluate(config(4, channel_mixer="half_glu2"), workdir, task=ToyTask())
+    result = train_and_evaluate(config(4, new_key=1), workdir, task=ToyTask())
+    assert result["final"]["step"] == 4
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"batch_size": 12}, "batch_size=12 is not divisible by the 8 data-parallel shards"),
     ({"eval_batch_size": 20}, "eval_batch_size=20 is not divisible"),
