@@ -19,7 +19,8 @@ replaced when ``best_metric`` improved; a periodic checkpoint is saved. The host
 step's loss one step late (so the device never waits) and stops at the first NaN/Inf loss or
 gradient norm, before that state could be saved. With ``max_run_seconds`` set, the run stops at
 the first checkpoint after that much wall time (a segment of a long run on a machine lent for
-minutes). Resuming restores state, data position and the best-so-far record: a resumed run
+minutes). Resuming (with the run's model settings: other ones stop with an error, see
+``_check_same_model``) restores state, data position and the best-so-far record: a resumed run
 computes exactly what the uninterrupted run computes (the train-metric averages match when
 ``checkpoint_every`` is a multiple of ``log_every``).
 """
