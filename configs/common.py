@@ -120,8 +120,8 @@ def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
     """The LRA classifier of every task: pre-norm LION-S blocks, MLP width ``2 * d_model``,
     LayerNorm, mean pooling, no positions (LION-S orders tokens by its decay), bf16 compute.
     ``channel_mixer="half_glu"`` (or ``"half_glu2"``) swaps each block's MLP for S5's
-    one-branch GELU + half-GLU; ``norm="batchnorm"`` takes S5's BatchNorm (running statistics with momentum
-    ``bn_momentum``, S5's default 0.95) for every norm."""
+    one-branch GELU + half-GLU; ``norm="batchnorm"`` takes S5's BatchNorm (running statistics
+    with momentum ``bn_momentum``, S5's default 0.95) for every norm."""
     return ml_collections.ConfigDict(dict(
         d_model=d_model, num_layers=num_layers, num_heads=num_heads, mlp_dim=2 * d_model,
         channel_mixer="mlp", dropout=dropout, pooling="mean", pos_emb="none", max_len=max_len,

@@ -15,7 +15,7 @@ from lion_jax.layers.softmax import SoftmaxAttention
 
 MIXERS = {"lion": LionAttention, "softmax": SoftmaxAttention, "lightnet": LightNetAttention,
           "s5": S5Mixer}  # S5: the LRA reference (lion_jax/layers/s5.py)
-# GELU MLP (ViT, BERT); SwiGLU (LightNet's GLU); S5's one-branch GELU + half-GLU (its LRA layer)
+# GELU MLP (ViT, BERT); SwiGLU (LightNet's GLU); S5's one-branch GELU + half-GLUs (its LRA layers)
 CHANNEL_MIXERS = ("mlp", "swiglu", "half_glu", "half_glu2")
 # set by the model that holds the mixer, never in its ``mixer`` keyword arguments
 RESERVED_MIXER_KEYS = ("num_heads", "head_dim", "dtype", "param_dtype")
