@@ -97,6 +97,10 @@ LRA_VARIANTS = {
     "s5": "S5 itself (lion_jax/layers/s5.py, the reference the recipe comes from) in S5's "
           "layer; its eigenvalues and steps train at optim.decay_lr_factor",
 }
+LRA_IMAGE_VARIANTS = {  # the tasks whose sequences are images: Image, Pathfinder, Path-X
+    "v2": "LION-S (v2, paper C.8) on the image: its row-snake and column-snake orders, their "
+          "masks averaged (the paper's LRA model walks the raster order alone)",
+}
 
 
 def lra_lion_s_mixer():
@@ -116,17 +120,20 @@ def lra_lion_s_mixer():
 
 
 def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
-              input_encoding="embed"):
+              input_encoding="embed", image_shape=None):
     """The LRA classifier of every task: pre-norm LION-S blocks, MLP width ``2 * d_model``,
     LayerNorm, mean pooling, no positions (LION-S orders tokens by its decay), bf16 compute.
     ``channel_mixer="half_glu"`` (or ``"half_glu2"``) swaps each block's MLP for S5's
     one-branch GELU + half-GLU; ``norm="batchnorm"`` takes S5's BatchNorm (running statistics
-    with momentum ``bn_momentum``, S5's default 0.95) for every norm."""
+    with momentum ``bn_momentum``, S5's default 0.95) for every norm. ``image_shape``: the
+    ``(rows, cols)`` of the image tasks' sequences (raster order), for ``orders`` other than
+    ``("raster",)`` (the ``v2`` variant)."""
+    image = {} if image_shape is None else dict(orders=("raster",), image_shape=image_shape)
     return ml_collections.ConfigDict(dict(
         d_model=d_model, num_layers=num_layers, num_heads=num_heads, mlp_dim=2 * d_model,
         channel_mixer="mlp", dropout=dropout, pooling="mean", pos_emb="none", max_len=max_len,
         norm="layernorm", bn_momentum=0.95, input_encoding=input_encoding, mixer_kind="lion",
-        mixer=lra_lion_s_mixer(), dtype="bfloat16", param_dtype="float32"))
+        mixer=lra_lion_s_mixer(), dtype="bfloat16", param_dtype="float32", **image))
 
 
 def apply_lra_variant(c, variant, s5_channel_mixer="half_glu"):
@@ -158,6 +165,9 @@ def apply_lra_variant(c, variant, s5_channel_mixer="half_glu"):
                                                         real_eigenvalues=False,
                                                         tied_readout=False))
         c.label = "S5"
+    elif variant == "v2":
+        c.model.orders = ("row_snake", "col_snake")
+        c.label = "LION-S (v2)"
     elif variant == "transformer":
         c.model.mixer_kind = "softmax"
         c.model.mixer = ml_collections.ConfigDict(dict(impl="auto"))

@@ -93,3 +93,25 @@ def test_parse_variant():
     with pytest.raises(ValueError, match=r"unknown config variant 'big' \(known variants: "
                                          r"quick, tiny\)"):
         common.parse_variant("big", variants)
+
+
+@pytest.mark.parametrize("task, side", [("image", 32), ("pathfinder", 32), ("pathx", 128)])
+def test_image_tasks_know_their_image(task, side):
+    """The image tasks give the classifier the image's shape (raster order by default) and a
+    ``v2`` variant walking the row- and column-snake orders (LION-S v2); a model of that variant
+    builds and runs on the task's sequence length (shapes only)."""
+    from lion_jax.models import SequenceClassifier
+
+    module = importlib.import_module(f"configs.lra.{task}")
+    c = module.get_config()
+    assert (tuple(c.model.orders), tuple(c.model.image_shape)) == (("raster",), (side, side))
+    c = module.get_config("v2")
+    assert tuple(c.model.orders) == ("row_snake", "col_snake") and c.label == "LION-S (v2)"
+    kwargs = c.model.to_dict() | dict(d_model=16, num_heads=2, num_layers=1, mlp_dim=16,
+                                      dtype=jnp.float32, param_dtype=jnp.float32)
+    model = SequenceClassifier(vocab_size=256, num_classes=2, pad_id=None, **kwargs)
+    pixels = jnp.ones((2, side * side), jnp.uint8)
+    variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), pixels, train=False))
+    assert jax.eval_shape(lambda v: model.apply(v, pixels, train=False),
+                          variables).shape == (2, 2)
+    assert "v2" not in listops.VARIANTS  # a sequence of tokens has no image to walk

@@ -141,6 +141,11 @@ def test_sinusoidal_embedding():
     (dict(norm="groupnorm"), "unknown norm"),
     (dict(mixer=dict(num_heads=4)), "not in mixer"),
     (dict(channel_mixer="glu"), "unknown channel_mixer"),
+    (dict(orders=("diagonal",)), "unknown order 'diagonal' in orders"),
+    (dict(orders=()), "orders must be a sequence"),
+    (dict(orders=("row_snake", "col_snake")), r"needs image_shape=\(rows, cols\)"),
+    (dict(orders=("col_snake",), image_shape=(3, 4), mixer_kind="softmax",
+          mixer=dict(impl="xla")), "needs the LION mixer"),
 ])
 def test_bad_config_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -355,3 +360,28 @@ def test_batchnorm_classifier_ignores_padding_and_its_batch(rng):
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"unknown norm 'groupnorm'.*'batchnorm'"):
         make_model(norm="groupnorm")
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_image_orders_walk_the_permuted_image(rng, pooling):
+    """``orders=("col_snake",)`` on an image flattened row by row is the raster model on the
+    column-snake sequence (everything but the mixer works per token, and mean or CLS pooling
+    ignores where a token sits); two orders average the masks, so they differ from either."""
+    from lion_jax.models.vit import patch_order
+
+    rows, cols = 3, 5
+    kwargs = dict(input_encoding="pixels", pad_id=None, pooling=pooling, image_shape=(rows, cols),
+                  mixer=dict(variant="s", impl="attention", decay_shape="vector"))
+    pixels = jnp.asarray(rng.integers(0, 256, size=(B, rows * cols)), jnp.uint8)
+    raster = make_model(**kwargs)
+    variables = raster.init(jax_key(rng), pixels, train=False)
+    col = patch_order(rows, cols, "col_snake")
+    walked = make_model(orders=("col_snake",), **kwargs).apply(variables, pixels, train=False)
+    np.testing.assert_allclose(walked, raster.apply(variables, pixels[:, col], train=False),
+                               rtol=1e-5, atol=1e-5)
+    both = make_model(orders=("row_snake", "col_snake"), **kwargs).apply(variables, pixels,
+                                                                       train=False)
+    assert np.all(np.isfinite(both)) and not np.allclose(both, walked, atol=1e-4)
+    with pytest.raises(ValueError, match=r"walk an image of image_shape=\(3, 5\) \(15 tokens\); "
+                                         r"the inputs hold 14"):
+        make_model(orders=("col_snake",), **kwargs).apply(variables, pixels[:, 1:], train=False)

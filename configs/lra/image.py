@@ -23,6 +23,7 @@ VARIANTS = {
     "tiny": "seconds-long run for tests: 1-layer width-16 model, 4 steps (needs the data like "
             "the default)",
     **common.LRA_VARIANTS,
+    **common.LRA_IMAGE_VARIANTS,
 }
 
 
@@ -33,6 +34,6 @@ def get_config(arg=None):
         name="image", source="tfds", data_dir="", cache_dir="~/.cache/lion_jax/image",
         val_fraction=0.1, seed=0))
     c.model = common.lra_model(d_model=512, num_layers=6, dropout=0.1, max_len=1024,
-                               input_encoding="pixels")
+                               input_encoding="pixels", image_shape=(32, 32))
     common.lra_training(c, train_size=45_000, batch_size=50, epochs=250, weight_decay=0.07)
     return common.lra_variant(c, variant)

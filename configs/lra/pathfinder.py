@@ -22,6 +22,7 @@ from configs import common
 VARIANTS = {
     "tiny": "seconds-long run for tests: 64 generated images, 1-layer width-16 model, 4 steps",
     **common.LRA_VARIANTS,
+    **common.LRA_IMAGE_VARIANTS,
 }
 
 RESOLUTION = 32
@@ -36,7 +37,8 @@ def get_config(arg=None, resolution=RESOLUTION):
         val_fraction=0.1, test_fraction=0.1, seed=0, num_workers=0,  # 0: one per CPU
         difficulty="curv_contour_length_14"))  # LRA's; also curv_baseline, curv_contour_length_9
     c.model = common.lra_model(d_model=192, num_layers=6, dropout=0.05,
-                               max_len=resolution * resolution, input_encoding="pixels")
+                               max_len=resolution * resolution, input_encoding="pixels",
+                               image_shape=(resolution, resolution))
     c.model.bn_momentum = 0.9  # S5's Pathfinder and Path-X scripts (with norm="batchnorm")
     common.lra_training(c, train_size=160_000, batch_size=64, epochs=200, weight_decay=0.03)
     if variant == "tiny":

@@ -20,6 +20,7 @@ from configs.lra import pathfinder
 VARIANTS = {
     "tiny": "seconds-long run for tests: 16 generated images, 1-layer width-16 model, 4 steps",
     **common.LRA_VARIANTS,
+    **common.LRA_IMAGE_VARIANTS,
 }
 
 

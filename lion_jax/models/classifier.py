@@ -10,6 +10,7 @@ from flax.linen.linear import default_embed_init
 from lion_jax.layers.block import CHANNEL_MIXERS, ResidualBlock, model_mixer_kwargs
 from lion_jax.layers.embed import OneHotEmbed
 from lion_jax.layers.norms import SEQUENCE_NORMS, check_norm, sequence_norm
+from lion_jax.models.vit import PATCH_ORDERS, patch_order, token_orders
 
 POOLINGS = ("mean", "cls", "last")
 POS_EMBS = ("none", "learned", "sinusoidal")
@@ -65,6 +66,14 @@ class SequenceClassifier(nn.Module):
         0.5`` and through ``Dense(1 -> d_model)``, as S5 feeds images).
       pad_id: the padding id (the default mask is ``tokens != pad_id``); None = no padding
         (images, where 0 is a black pixel).
+      orders: the token orders the LION mixer walks (names of
+        :data:`lion_jax.models.vit.PATCH_ORDERS`): ``("raster",)``, the sequence as it comes,
+        or, for a sequence that is an image flattened row by row (``image_shape``), several
+        orders whose masks are averaged, e.g. ``("row_snake", "col_snake")`` (LION-S v2, paper
+        C.8): pixels that are vertical neighbours are then neighbours in one of the walks. A
+        CLS token stays first in every order.
+      image_shape: ``(rows, cols)`` of that image; needed by orders other than raster, whose
+        inputs must then hold ``rows * cols`` tokens.
       dtype, param_dtype: compute and parameter dtypes.
     """
 
@@ -86,6 +95,8 @@ class SequenceClassifier(nn.Module):
     bn_momentum: float = 0.9
     input_encoding: str = "embed"
     pad_id: int | None = 0
+    orders: tuple[str, ...] = ("raster",)
+    image_shape: tuple[int, int] | None = None
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -100,11 +111,41 @@ class SequenceClassifier(nn.Module):
             raise ValueError(f"unknown input_encoding {self.input_encoding!r}; valid: "
                              f"{list(INPUT_ENCODINGS)}")
         check_norm(self.norm, SEQUENCE_NORMS)
+        self._check_orders()
         if self.channel_mixer not in CHANNEL_MIXERS:
             raise ValueError(f"unknown channel_mixer {self.channel_mixer!r}; valid: "
                              f"{list(CHANNEL_MIXERS)}")
         self._mixer_kwargs()  # fails now on a bad key or value
         super().__post_init__()
+
+    def _check_orders(self):
+        if not self.orders or isinstance(self.orders, str):
+            raise ValueError(f"orders must be a sequence of order names; got {self.orders!r}")
+        for name in self.orders:
+            if name not in PATCH_ORDERS:
+                raise ValueError(f"unknown order {name!r} in orders; valid: {list(PATCH_ORDERS)}")
+        if tuple(self.orders) == ("raster",):
+            return
+        if self.mixer_kind != "lion":
+            raise ValueError(f"orders={tuple(self.orders)} needs the LION mixer (mixer_kind="
+                             f"'lion'); got mixer_kind={self.mixer_kind!r}")
+        shape = self.image_shape
+        if shape is None or len(shape) != 2 or min(shape) < 1:
+            raise ValueError(f"orders={tuple(self.orders)} needs image_shape=(rows, cols), the "
+                             f"image the sequence flattens; got image_shape={shape!r}")
+
+    def _token_orders(self, length: int):
+        """The mixer's ``orders`` for inputs of ``length`` tokens (None: as they come)."""
+        if tuple(self.orders) == ("raster",):
+            return None
+        rows, cols = self.image_shape
+        if length != rows * cols:
+            raise ValueError(f"orders={tuple(self.orders)} walk an image of image_shape="
+                             f"{tuple(self.image_shape)} ({rows * cols} tokens); the inputs "
+                             f"hold {length}")
+        if self.pooling == "cls":
+            return token_orders(rows, cols, self.orders)
+        return tuple(patch_order(rows, cols, name) for name in self.orders)
 
     def _mixer_kwargs(self):
         return model_mixer_kwargs("SequenceClassifier", self.mixer_kind, self.mixer,
@@ -139,6 +180,7 @@ class SequenceClassifier(nn.Module):
             x = x + pos[:L].astype(x.dtype)
         elif self.pos_emb == "sinusoidal":
             x = x + sinusoidal_embedding(L, D).astype(x.dtype)
+        orders = self._token_orders(L)
         if self.pooling == "cls":
             cls = self.param("cls", nn.with_logical_partitioning(
                 nn.initializers.normal(0.02), (None, None, "embed")), (1, 1, D), self.param_dtype)
@@ -151,7 +193,8 @@ class SequenceClassifier(nn.Module):
             x = ResidualBlock(self._mixer_kwargs(), self.mlp_dim, mixer_kind=self.mixer_kind,
                               channel_mixer=self.channel_mixer, dropout=self.dropout,
                               norm=self.norm, bn_momentum=self.bn_momentum, **dtypes,
-                              name=f"block_{i}")(x, mask, deterministic=deterministic)
+                              name=f"block_{i}")(x, mask, deterministic=deterministic,
+                                                 orders=orders)
         x = sequence_norm(self.norm, x, mask, deterministic=deterministic,
                           bn_momentum=self.bn_momentum, **dtypes,
                           name="final_norm").astype(jnp.float32)
