@@ -11,6 +11,7 @@ can override any of them and a misspelled key is an error.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def parse_variant(arg, variants):
@@ -116,7 +117,10 @@ def lra_lion_s_mixer():
         variant="s", impl="auto", chunk_size=16, feature_map="silu_l2", normalize=True,
         decay_shape="vector", decay_init="hippo", hippo_dt_range=(0.001, 0.1),
         decay_activation="log_sigmoid", selective_timescales="spread", value_init="zoh",
-        normalize_unmasked=False, init_std=0.1))
+        normalize_unmasked=False, init_std=0.1,
+        # None unless set (placeholders, so the command line can set them): a LayerNorm per
+        # head's outputs (None: the variant's default), RoPE's base for rotated scores
+        output_norm=config_dict.placeholder(bool), rope_base=config_dict.placeholder(float)))
 
 
 def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,

@@ -307,6 +307,11 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     (dict(centre_values=True, causal=True), "centre_values=True needs the bidirectional op"),
     (dict(centre_values=True, variant="retnet"), "centre_values=True needs"),
     (dict(centre_values=True, variant="xlstm"), "centre_values=True needs"),
+    (dict(rope_base=1e4), "rope_base .* no SCALE"),  # LION-S normalises by default
+    (dict(rope_base=1e4, normalize=False, causal=True), "rope_base .* bidirectional"),
+    (dict(rope_base=1e4, variant="xlstm"), "rope_base .* other than 'xlstm'"),
+    (dict(rope_base=1e4, normalize=False, head_dim=5), "rope_base .* even head_dim"),
+    (dict(rope_base=0.0, normalize=False), "rope_base .* positive base"),
 ])
 def test_bad_config_raises(kwargs, match):
     config = dict(num_heads=H, head_dim=K) | kwargs
@@ -472,6 +477,55 @@ def test_normalize_unmasked_matches_formula(rng, impl):
     expected = (np.einsum("bijh,bjhv->bihv", scores * mask, v)
                 / (scores.sum(axis=2)[..., None] + layer.eps))
     assert rel_err(y, output_projection(params, expected)) < 1e-5
+
+
+@pytest.mark.parametrize("variant,decay_shape", [("s", "vector"), ("d", "scalar"),
+                                                  ("lit", "scalar")])
+def test_rotated_scores_match_the_lag_formula(rng, variant, decay_shape):
+    """``rope_base``: ``s_ij = sum_f (q1 k1 + q2 k2) cos(theta_f (i - j)) + (q1 k2 - q2 k1)
+    sin(theta_f (i - j))`` over the feature pairs ``(f, f + K/2)``, ``theta_f = base**(-2f/K)``,
+    from the unrotated features of the same parameters; ``y = sum_j s_ij M_ij v_j``."""
+    base = 7.0  # angles of order one per token, so a wrong lag sign or pairing shows
+    x = normal(rng, B, L, D)
+    plain = make_layer(variant, decay_shape, normalize=False, impl="attention")
+    params = plain.init(jax_key(rng), x)
+    rotated = make_layer(variant, decay_shape, normalize=False, impl="attention",
+                         rope_base=base)
+    (q, k, v, log_decay, _), _ = mixer_inputs(plain, params, x)
+    _, y = mixer_inputs(rotated, params, x)
+
+    theta = base ** (-2.0 * np.arange(K // 2) / K)
+    lag = np.arange(L)[:, None] - np.arange(L)[None, :]  # i - j
+    cos, sin = np.cos(lag[..., None] * theta), np.sin(lag[..., None] * theta)  # [i, j, K/2]
+    q1, q2, k1, k2 = q[..., :K // 2], q[..., K // 2:], k[..., :K // 2], k[..., K // 2:]
+    scores = (np.einsum("bihf,bjhf,ijf->bijh", q1, k1, cos)
+              + np.einsum("bihf,bjhf,ijf->bijh", q2, k2, cos)
+              + np.einsum("bihf,bjhf,ijf->bijh", q1, k2, sin)
+              - np.einsum("bihf,bjhf,ijf->bijh", q2, k1, sin))
+    if log_decay is None:
+        mask = np.ones((B, L, L, H, 1))
+    else:
+        A = np.cumsum(log_decay, axis=1)
+        A = A if A.ndim == 4 else A[..., None]  # [b, L, H, V or 1]
+        mask = np.exp(-np.abs(A[:, :, None] - A[:, None, :]))  # [b, i, j, H, V or 1]
+    expected = np.einsum("bijh,bijhv,bjhv->bihv", scores, mask, v)
+    assert rel_err(y, output_projection(params, expected)) < 1e-5
+
+
+def test_rotated_scores_ignore_padding(rng):
+    """The rotation counts real tokens, as the decays do: pads inserted inside and appended
+    leave the real outputs unchanged."""
+    x = normal(rng, B, L, D)
+    layer = make_layer("s", "vector", normalize=False, output_norm=True, rope_base=10.0,
+                       impl="attention")
+    params = layer.init(jax_key(rng), x)
+    y = layer.apply(params, x)
+    real = np.ones(L + 5, bool)
+    real[rng.choice(L, size=3, replace=False) + 1] = False
+    real[L + 3:] = False
+    x_padded = (10.0 * normal(rng, B, L + 5, D)).at[:, real].set(x)
+    y_padded = layer.apply(params, x_padded, jnp.broadcast_to(jnp.asarray(real), (B, L + 5)))
+    assert np.all(np.isfinite(y_padded)) and rel_err(y_padded[:, real], y) < 1e-5
 
 
 def test_decay_init_follows_retnet_schedule():

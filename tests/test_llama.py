@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lion_jax.layers.llama import LlamaAttention, rope
+from lion_jax.layers.llama import LlamaAttention
+from lion_jax.layers.rotary import rope
 
 
 def test_rope_is_a_rotation_by_relative_position(rng):

@@ -18,6 +18,7 @@ import numpy as np
 
 from lion_jax import ops
 from lion_jax.layers.feature_maps import get_feature_map
+from lion_jax.layers.rotary import rope
 
 VARIANTS = ("lit", "d", "retnet", "s", "grfa", "xlstm")
 FIXED_DECAY_VARIANTS = ("d", "retnet")
@@ -128,6 +129,17 @@ class LionAttention(nn.Module):
     Scaling: ``q`` is multiplied by ``K**-0.5`` unless the output is SCALE-normalised (there the
     factor cancels, up to ``eps``).
 
+    Rotated scores (``rope_base``; not LION's: its paper's Table 9 adds positional embeddings
+    of a kind it does not state to LION-S): ``q`` and ``k`` are rotated after the feature map
+    as RoPE rotates them (:func:`lion_jax.layers.rotary.rope`, at the index of each real
+    token), so the scores become ``s_ij = sum_f a_f cos(theta_f (i - j)) + b_f sin(theta_f
+    (i - j))`` with ``a_f, b_f`` from the features of ``i`` and ``j``: under the decay mask
+    every pair of features adds a damped oscillation in the lag, like the filters that complex
+    eigenvalues give S4/S5, where the mask alone is a sum of real exponentials.
+    Rotated scores change sign, so SCALE's row sums can reach zero: rotation needs an
+    unnormalised variant (``normalize=False``; ``output_norm=True`` then keeps each head's
+    scale, as RetNet does).
+
     Padding: ``mask [B, L]`` (True = real token). Padded tokens get ``k = v = 0`` (they add
     nothing to any numerator or denominator) and ``log_decay = 0`` (decay 1: they take no step
     of distance). The mask over real tokens is then exactly that of the sequence with the pads
@@ -180,6 +192,8 @@ class LionAttention(nn.Module):
       input_gate_cap: soft cap of ``xlstm``'s log input gate.
       init_std: std of a Gaussian init for the query, key and gate kernels (the paper's LRA
         recipe, Appendix D.2, uses 0.1); None = lecun normal.
+      rope_base: None, or RoPE's frequency base for rotated scores (above; bidirectional,
+        unnormalised, even ``K``).
       dtype: compute dtype of the projections and op inputs. param_dtype: parameter dtype.
     """
 
@@ -206,6 +220,7 @@ class LionAttention(nn.Module):
     value_init: str = "lecun"
     normalize_unmasked: bool = False
     init_std: float | None = None
+    rope_base: float | None = None
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -264,6 +279,15 @@ class LionAttention(nn.Module):
                 "centre_values=True needs the bidirectional op with SCALE normalisation "
                 f"(causal=False and a normalised variant); got causal={self.causal}, "
                 f"variant={self.variant!r}, normalize={self.normalize}")
+        if self.rope_base is not None and (
+                self.rope_base <= 0 or self.causal or self.scaled or self.variant == "xlstm"
+                or self.head_dim % 2):
+            raise ValueError(
+                "rope_base (rotated scores) needs a positive base, the bidirectional mixer, no "
+                "SCALE (normalize=False; rotated scores change sign, so row sums can reach "
+                "zero), a variant other than 'xlstm' and an even head_dim; got rope_base="
+                f"{self.rope_base}, causal={self.causal}, normalize={self.normalize}, "
+                f"variant={self.variant!r}, head_dim={self.head_dim}")
         if min(self.decay_init_exponents) <= 0 or self.input_gate_cap <= 0:
             raise ValueError("decay_init_exponents and input_gate_cap must be positive")
         get_feature_map(self.feature_map_name)  # raises on an unknown name
@@ -458,8 +482,8 @@ class LionAttention(nn.Module):
         reference averages the masks): the op's ``orders`` (:func:`lion_jax.ops.lion_attention`).
 
         Sows ``(q, k, v, log_decay, key_scale)`` into the ``'intermediates'`` collection as
-        ``mixer_inputs``: ``q, k [B, L, H, K]`` (>= float32) after the feature map and the
-        ``K**-0.5`` scale, ``v [B, L, H, V]``, decays as returned by :meth:`_decays`, padding
+        ``mixer_inputs``: ``q, k [B, L, H, K]`` (>= float32) after the feature map, the
+        ``K**-0.5`` scale and the rotation, ``v [B, L, H, V]``, decays as returned by :meth:`_decays`, padding
         applied; the op then sees ``k * key_scale``.
         """
         del offset
@@ -490,6 +514,11 @@ class LionAttention(nn.Module):
                 log_decay = jnp.where(real(log_decay), log_decay, 0.0)
             if key_scale is not None:
                 key_scale = jnp.where(real(key_scale), key_scale, 0.0)
+        if self.rope_base is not None:  # at the index of each real token, as the decays count
+            positions = (jnp.arange(L) if mask is None
+                         else jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1)
+            q = rope(q, positions, base=self.rope_base)
+            k = rope(k, positions, base=self.rope_base)
         self.sow("intermediates", "mixer_inputs", (q, k, v, log_decay, key_scale))
 
         value_scale = None

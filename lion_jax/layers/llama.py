@@ -23,19 +23,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lion_jax.layers.rotary import rope
 from lion_jax.layers.softmax import attend
-
-
-def rope(x, positions, *, base=10000.0):
-    """Rotary position embedding of ``x [B, L, H, K]`` (``K`` even) at integer ``positions
-    [L]``: each pair of features ``(j, j + K/2)`` rotated by ``positions * base**(-2j/K)``.
-    Computed in float32, returned in ``x.dtype``."""
-    K = x.shape[-1]
-    freqs = base ** (-jnp.arange(0, K // 2, dtype=jnp.float32) * 2.0 / K)
-    angles = positions.astype(jnp.float32)[:, None] * freqs[None]  # [L, K/2]
-    cos, sin = jnp.cos(angles)[None, :, None], jnp.sin(angles)[None, :, None]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
 class LlamaAttention(nn.Module):
