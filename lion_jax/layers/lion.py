@@ -483,8 +483,8 @@ class LionAttention(nn.Module):
 
         Sows ``(q, k, v, log_decay, key_scale)`` into the ``'intermediates'`` collection as
         ``mixer_inputs``: ``q, k [B, L, H, K]`` (>= float32) after the feature map, the
-        ``K**-0.5`` scale and the rotation, ``v [B, L, H, V]``, decays as returned by :meth:`_decays`, padding
-        applied; the op then sees ``k * key_scale``.
+        ``K**-0.5`` scale and the rotation, ``v [B, L, H, V]``, decays as returned by
+        :meth:`_decays`, padding applied; the op then sees ``k * key_scale``.
         """
         del offset
         if (state is not None or return_state) and not self.causal:
