@@ -185,7 +185,7 @@ def run_row(workdir):
         "workdir": workdir, "task": task, "model": model,
         "best_step": best[0] if best else None, "best_val": best[1] if best else None,
         "test": best[2] if best else None, "last_step": last_step, "total_steps": total,
-        "status": "done" if last_step >= total else "running",
+        "status": "done" if last_step >= total else "unfinished",
         "wall_time_s": wall_time(records), "devices": devices(records),
         "configs": config_args(records)}
 
@@ -193,8 +193,9 @@ def run_row(workdir):
 def collect(workdirs):
     """One dict per workdir: ``workdir``, ``task``, ``model``, ``best_step``, ``best_val``,
     ``test`` (test accuracy at ``best_step``; the three None before the first evaluation),
-    ``last_step``, ``total_steps``, ``status`` ("done" or "running"), ``wall_time_s``,
-    ``devices`` and ``configs`` (the ``--config`` arguments of its starts).
+    ``last_step``, ``total_steps``, ``status`` ("done", or "unfinished": still going on or
+    stopped), ``wall_time_s``, ``devices`` and ``configs`` (the ``--config`` arguments of its
+    starts).
 
     Raises:
       UserError: a workdir lacks config.json or metrics.jsonl, or is not an LRA run.
@@ -241,13 +242,13 @@ def summary_rows(rows):
     table = []
     for model in dict.fromkeys(row["model"] for row in rows if row["task"] in TASKS):
         picked = [best.get((model, task)) for task in TASKS]
-        cells = ["" if r is None else percent(r["test"]) + ("*" if r["status"] == "running"
+        cells = ["" if r is None else percent(r["test"]) + ("*" if r["status"] == "unfinished"
                                                               else "") for r in picked]
         complete = all(r is not None and r["test"] is not None for r in picked)
         average = ""
         if complete:
             average = percent(sum(r["test"] for r in picked) / len(TASKS))
-            average += "*" if any(r["status"] == "running" for r in picked) else ""
+            average += "*" if any(r["status"] == "unfinished" for r in picked) else ""
         table.append([f"ours: {model}", *cells, average])
     return table
 

@@ -108,11 +108,11 @@ def test_collect_numbers(workdirs):
     assert resumed["configs"] == ["configs/lra/listops.py"]
     unfinished = rows["listops_s_unfinished"]
     assert (unfinished["best_step"], unfinished["test"], unfinished["last_step"],
-            unfinished["status"], unfinished["wall_time_s"]) == (250, 0.58, 500, "running",
+            unfinished["status"], unfinished["wall_time_s"]) == (250, 0.58, 500, "unfinished",
                                                                  3900.0)
     noeval = rows["text_s_noeval"]
     assert (noeval["best_step"], noeval["best_val"], noeval["test"], noeval["last_step"],
-            noeval["status"]) == (None, None, None, 100, "running")
+            noeval["status"]) == (None, None, None, 100, "unfinished")
     assert [(r["task"], r["model"]) for r in rows.values()] == [
         ("ListOps", "LION-S"), ("ListOps", "LION-S"), ("Text", "LION-S"), ("Text", "LION-S"),
         ("Retrieval", "LION-S"), ("Image", "LION-S"), ("Pathfinder", "LION-S"),
@@ -180,8 +180,8 @@ def test_detail_table(workdirs):
         f"| runs/listops_s_resumed | ListOps | LION-S | 50.00 | 47.00 | 400 | 1000/1000 | done "
         f"| 0:23 | 1x {H100}, 2x {H200} | configs/lra/listops.py |",
         f"| runs/listops_s_unfinished | ListOps | LION-S | 60.00 | 58.00 | 250 | 500/1000 "
-        f"| running | 1:05 | 1x {H100} | configs/lra/listops.py |",
-        f"| runs/text_s_noeval | Text | LION-S | - | - | - | 100/5000 | running | 0:02 "
+        f"| unfinished | 1:05 | 1x {H100} | configs/lra/listops.py |",
+        f"| runs/text_s_noeval | Text | LION-S | - | - | - | 100/5000 | unfinished | 0:02 "
         f"| 1x {H100} | configs/lra/listops.py |",
         f"| runs/text_s | Text | LION-S | 70.00 | 65.00 | 100 | 100/100 | done | 0:01 "
         f"| 1x {H100} | configs/lra/listops.py |"]
