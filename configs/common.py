@@ -120,7 +120,8 @@ def lra_lion_s_mixer():
         normalize_unmasked=False, init_std=0.1,
         # None unless set (placeholders, so the command line can set them): a LayerNorm per
         # head's outputs (None: the variant's default), RoPE's base for rotated scores
-        output_norm=config_dict.placeholder(bool), rope_base=config_dict.placeholder(float)))
+        output_norm=config_dict.placeholder(bool), rope_base=config_dict.placeholder(float),
+        rope_learned=False))
 
 
 def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,

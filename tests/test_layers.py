@@ -312,6 +312,7 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     (dict(rope_base=1e4, variant="xlstm"), "rope_base .* other than 'xlstm'"),
     (dict(rope_base=1e4, normalize=False, head_dim=5), "rope_base .* even head_dim"),
     (dict(rope_base=0.0, normalize=False), "rope_base .* positive base"),
+    (dict(rope_learned=True, normalize=False), "set rope_base"),
 ])
 def test_bad_config_raises(kwargs, match):
     config = dict(num_heads=H, head_dim=K) | kwargs
@@ -479,29 +480,37 @@ def test_normalize_unmasked_matches_formula(rng, impl):
     assert rel_err(y, output_projection(params, expected)) < 1e-5
 
 
-@pytest.mark.parametrize("variant,decay_shape", [("s", "vector"), ("d", "scalar"),
-                                                  ("lit", "scalar")])
-def test_rotated_scores_match_the_lag_formula(rng, variant, decay_shape):
+@pytest.mark.parametrize("variant,decay_shape,learned", [
+    ("s", "vector", False), ("d", "scalar", False), ("lit", "scalar", False),
+    ("s", "vector", True)])
+def test_rotated_scores_match_the_lag_formula(rng, variant, decay_shape, learned):
     """``rope_base``: ``s_ij = sum_f (q1 k1 + q2 k2) cos(theta_f (i - j)) + (q1 k2 - q2 k1)
-    sin(theta_f (i - j))`` over the feature pairs ``(f, f + K/2)``, ``theta_f = base**(-2f/K)``,
-    from the unrotated features of the same parameters; ``y = sum_j s_ij M_ij v_j``."""
+    sin(theta_f (i - j))`` over the feature pairs ``(f, f + K/2)``, ``theta_f = base**(-2f/K)``
+    (learned: the parameter ``rope_freq``, per head, here set at random), from the unrotated
+    features of the same parameters; ``y = sum_j s_ij M_ij v_j``."""
     base = 7.0  # angles of order one per token, so a wrong lag sign or pairing shows
     x = normal(rng, B, L, D)
     plain = make_layer(variant, decay_shape, normalize=False, impl="attention")
     params = plain.init(jax_key(rng), x)
     rotated = make_layer(variant, decay_shape, normalize=False, impl="attention",
-                         rope_base=base)
+                         rope_base=base, rope_learned=learned)
+    theta = np.broadcast_to(base ** (-2.0 * np.arange(K // 2) / K), (H, K // 2))
+    if learned:
+        init = nn.unbox(rotated.init(jax_key(rng), x))["params"]["rope_freq"]
+        np.testing.assert_allclose(init, theta.reshape(-1), rtol=1e-6)  # RoPE's at init
+        theta = rng.uniform(0.1, 2.0, size=(H, K // 2))
+        params = {"params": {**nn.unbox(params)["params"],
+                             "rope_freq": jnp.asarray(theta.reshape(-1), jnp.float32)}}
     (q, k, v, log_decay, _), _ = mixer_inputs(plain, params, x)
     _, y = mixer_inputs(rotated, params, x)
 
-    theta = base ** (-2.0 * np.arange(K // 2) / K)
     lag = np.arange(L)[:, None] - np.arange(L)[None, :]  # i - j
-    cos, sin = np.cos(lag[..., None] * theta), np.sin(lag[..., None] * theta)  # [i, j, K/2]
+    cos, sin = np.cos(lag[..., None, None] * theta), np.sin(lag[..., None, None] * theta)
     q1, q2, k1, k2 = q[..., :K // 2], q[..., K // 2:], k[..., :K // 2], k[..., K // 2:]
-    scores = (np.einsum("bihf,bjhf,ijf->bijh", q1, k1, cos)
-              + np.einsum("bihf,bjhf,ijf->bijh", q2, k2, cos)
-              + np.einsum("bihf,bjhf,ijf->bijh", q1, k2, sin)
-              - np.einsum("bihf,bjhf,ijf->bijh", q2, k1, sin))
+    scores = (np.einsum("bihf,bjhf,ijhf->bijh", q1, k1, cos)
+              + np.einsum("bihf,bjhf,ijhf->bijh", q2, k2, cos)
+              + np.einsum("bihf,bjhf,ijhf->bijh", q1, k2, sin)
+              - np.einsum("bihf,bjhf,ijhf->bijh", q2, k1, sin))
     if log_decay is None:
         mask = np.ones((B, L, L, H, 1))
     else:

@@ -413,10 +413,12 @@ def test_decay_lr_factor_scales_only_the_decay_parameters():
     update at the common rate; every other leaf as without it."""
     rng = np.random.default_rng()
     params = {"mixer": {"decay_log_rate": jnp.ones(6), "decay_gate": {"kernel": jnp.ones((4, 6)),
-                                                                       "bias": jnp.ones(6)}},
+                                                                       "bias": jnp.ones(6)},
+                        "rope_freq": jnp.ones(4)},
               "md_tpe": {"decay_logit": jnp.ones((2, 3))}, "dense": {"kernel": jnp.ones((4, 3))}}
     assert optim.decay_param_mask(params) == {
-        "mixer": {"decay_log_rate": True, "decay_gate": {"kernel": False, "bias": False}},
+        "mixer": {"decay_log_rate": True, "decay_gate": {"kernel": False, "bias": False},
+                  "rope_freq": True},
         "md_tpe": {"decay_logit": True}, "dense": {"kernel": False}}
     grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
     factor = rng.uniform(0.1, 0.5)

@@ -18,7 +18,7 @@ import numpy as np
 
 from lion_jax import ops
 from lion_jax.layers.feature_maps import get_feature_map
-from lion_jax.layers.rotary import rope
+from lion_jax.layers.rotary import rope, rope_frequencies
 
 VARIANTS = ("lit", "d", "retnet", "s", "grfa", "xlstm")
 FIXED_DECAY_VARIANTS = ("d", "retnet")
@@ -138,7 +138,9 @@ class LionAttention(nn.Module):
     eigenvalues give S4/S5, where the mask alone is a sum of real exponentials.
     Rotated scores change sign, so SCALE's row sums can reach zero: rotation needs an
     unnormalised variant (``normalize=False``; ``output_norm=True`` then keeps each head's
-    scale, as RetNet does).
+    scale, as RetNet does). ``rope_learned=True`` makes the frequencies a parameter,
+    ``rope_freq [H * K/2]`` (per head, initialised at RoPE's), as S4/S5 learn their
+    eigenvalues' imaginary parts; it trains at ``optim.decay_lr_factor`` with the decays.
 
     Padding: ``mask [B, L]`` (True = real token). Padded tokens get ``k = v = 0`` (they add
     nothing to any numerator or denominator) and ``log_decay = 0`` (decay 1: they take no step
@@ -194,6 +196,7 @@ class LionAttention(nn.Module):
         recipe, Appendix D.2, uses 0.1); None = lecun normal.
       rope_base: None, or RoPE's frequency base for rotated scores (above; bidirectional,
         unnormalised, even ``K``).
+      rope_learned: learn the rotation frequencies (needs ``rope_base``, their init).
       dtype: compute dtype of the projections and op inputs. param_dtype: parameter dtype.
     """
 
@@ -221,6 +224,7 @@ class LionAttention(nn.Module):
     normalize_unmasked: bool = False
     init_std: float | None = None
     rope_base: float | None = None
+    rope_learned: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -288,6 +292,9 @@ class LionAttention(nn.Module):
                 "zero), a variant other than 'xlstm' and an even head_dim; got rope_base="
                 f"{self.rope_base}, causal={self.causal}, normalize={self.normalize}, "
                 f"variant={self.variant!r}, head_dim={self.head_dim}")
+        if self.rope_learned and self.rope_base is None:
+            raise ValueError("rope_learned=True learns the rotation frequencies from RoPE's: "
+                             "set rope_base (their init) too")
         if min(self.decay_init_exponents) <= 0 or self.input_gate_cap <= 0:
             raise ValueError("decay_init_exponents and input_gate_cap must be positive")
         get_feature_map(self.feature_map_name)  # raises on an unknown name
@@ -517,8 +524,13 @@ class LionAttention(nn.Module):
         if self.rope_base is not None:  # at the index of each real token, as the decays count
             positions = (jnp.arange(L) if mask is None
                          else jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1)
-            q = rope(q, positions, base=self.rope_base)
-            k = rope(k, positions, base=self.rope_base)
+            freqs = rope_frequencies(K, self.rope_base)
+            if self.rope_learned:
+                freqs = self.param("rope_freq", nn.with_logical_partitioning(
+                    _constant_init(np.tile(freqs, H)), (None,)), (H * K // 2,),
+                    self.param_dtype)
+            q = rope(q, positions, freqs=freqs)
+            k = rope(k, positions, freqs=freqs)
         self.sow("intermediates", "mixer_inputs", (q, k, v, log_decay, key_scale))
 
         value_scale = None
