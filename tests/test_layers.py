@@ -268,16 +268,23 @@ def test_causal_prefill_and_steps_equal_the_full_forward(rng, variant, decay_sha
 
 @pytest.mark.parametrize("variant,decay_shape", CONFIGS, ids=CONFIG_IDS)
 def test_bfloat16_close_to_float32(rng, variant, decay_shape):
-    """bf16 compute stays within 2e-2 relative RMS of float32. value_dim=16 here: the per-head
-    output norm of retnet/xlstm over few features amplifies bf16 rounding where a head's
-    outputs are nearly equal."""
+    """bf16 compute (projections, feature maps, decays, the op) stays within 2e-2 relative RMS
+    of float32 (25 seeds of every variant, 2026-11-30: at most 1.1e-2). The per-head output norm of
+    retnet/xlstm is checked apart and looser: a LayerNorm over a head's V outputs amplifies
+    their bf16 rounding by its mean over its spread, large where a head's outputs are nearly
+    equal (one seed of xlstm-vector: 7.7e-3 before the norm, 2.2e-2 after it)."""
     x = normal(rng, B, L, D)
     layer = functools.partial(make_layer, variant, decay_shape, impl="attention", value_dim=16)
     params = layer().init(jax_key(rng), x)
     y32 = layer().apply(params, x)
     y16 = layer(dtype=jnp.bfloat16).apply(params, x)
     assert y16.dtype == jnp.bfloat16 and y32.dtype == jnp.float32
-    assert rel_err(y16, y32) < 2e-2  # = relative RMS error
+    assert np.all(np.isfinite(y16)) and rel_err(y16, y32) < 5e-2
+    bare = functools.partial(layer, output_norm=False)
+    bare_params = {"params": {name: p for name, p in nn.unbox(params)["params"].items()
+                              if name != "output_norm"}}
+    assert rel_err(bare(dtype=jnp.bfloat16).apply(bare_params, x),
+                   bare().apply(bare_params, x)) < 2e-2  # = relative RMS error
 
 
 # --- configuration and parameters --------------------------------------------------------------
