@@ -22,9 +22,9 @@ The gradient is clipped to ``clip_norm`` global L2 norm before AdamW (0 disables
 ``decay_lr_factor`` scales the learning rate of the decay-rate parameters (leaves named in
 :data:`DECAY_PARAMS`: LION's non-selective decay and learned rotation frequencies, S5's
 eigenvalues and steps, cosFormer2's and LightNet's decay logits), as S5 trains its SSM
-parameters (eigenvalues, step sizes) at their own, lower rate: S5's Pathfinder script uses 9e-4 for those and 5x that for the rest
-(lindermanlab/S5 ``bin/run_experiments/run_lra_pathfinder.sh``), i.e. ``decay_lr_factor =
-0.2``. These leaves are 1-D or small and never weight-decayed, so the factor is exactly their
+parameters (eigenvalues, step sizes) at their own, lower rate: S5's Pathfinder script uses
+9e-4 for those and 5x that for the rest (lindermanlab/S5
+``bin/run_experiments/run_lra_pathfinder.sh``), i.e. ``decay_lr_factor = 0.2``. These leaves are 1-D or small and never weight-decayed, so the factor is exactly their
 learning rate's.
 
 EMA of parameters (``ema_decay > 0``) is kept by the trainer beside the parameters and used

@@ -141,7 +141,7 @@ def test_sinusoidal_embedding():
     (dict(norm="groupnorm"), "unknown norm"),
     (dict(mixer=dict(num_heads=4)), "not in mixer"),
     (dict(channel_mixer="glu"), "unknown channel_mixer"),
-    (dict(orders=("diagonal",)), "unknown order 'diagonal' in orders"),
+    (dict(orders=("diagonal",)), "unknown patch order 'diagonal' in orders"),
     (dict(orders=()), "orders must be a sequence"),
     (dict(orders=("row_snake", "col_snake")), r"needs image_shape=\(rows, cols\)"),
     (dict(orders=("col_snake",), image_shape=(3, 4), mixer_kind="softmax",

@@ -10,7 +10,7 @@ from flax.linen.linear import default_embed_init
 from lion_jax.layers.block import CHANNEL_MIXERS, ResidualBlock, model_mixer_kwargs
 from lion_jax.layers.embed import OneHotEmbed
 from lion_jax.layers.norms import SEQUENCE_NORMS, check_norm, sequence_norm
-from lion_jax.models.vit import PATCH_ORDERS, patch_order, token_orders
+from lion_jax.models.vit import check_orders, token_orders
 
 POOLINGS = ("mean", "cls", "last")
 POS_EMBS = ("none", "learned", "sinusoidal")
@@ -119,18 +119,10 @@ class SequenceClassifier(nn.Module):
         super().__post_init__()
 
     def _check_orders(self):
-        if not self.orders or isinstance(self.orders, str):
-            raise ValueError(f"orders must be a sequence of order names; got {self.orders!r}")
-        for name in self.orders:
-            if name not in PATCH_ORDERS:
-                raise ValueError(f"unknown order {name!r} in orders; valid: {list(PATCH_ORDERS)}")
-        if tuple(self.orders) == ("raster",):
-            return
-        if self.mixer_kind != "lion":
-            raise ValueError(f"orders={tuple(self.orders)} needs the LION mixer (mixer_kind="
-                             f"'lion'); got mixer_kind={self.mixer_kind!r}")
+        check_orders(self.orders, self.mixer_kind)
         shape = self.image_shape
-        if shape is None or len(shape) != 2 or min(shape) < 1:
+        if tuple(self.orders) != ("raster",) and (shape is None or len(shape) != 2
+                                                  or min(shape) < 1):
             raise ValueError(f"orders={tuple(self.orders)} needs image_shape=(rows, cols), the "
                              f"image the sequence flattens; got image_shape={shape!r}")
 
@@ -143,9 +135,7 @@ class SequenceClassifier(nn.Module):
             raise ValueError(f"orders={tuple(self.orders)} walk an image of image_shape="
                              f"{tuple(self.image_shape)} ({rows * cols} tokens); the inputs "
                              f"hold {length}")
-        if self.pooling == "cls":
-            return token_orders(rows, cols, self.orders)
-        return tuple(patch_order(rows, cols, name) for name in self.orders)
+        return token_orders(rows, cols, self.orders, num_prefix=int(self.pooling == "cls"))
 
     def _mixer_kwargs(self):
         return model_mixer_kwargs("SequenceClassifier", self.mixer_kind, self.mixer,

@@ -69,12 +69,30 @@ def patch_order(rows: int, cols: int, name: str) -> np.ndarray:
     raise ValueError(f"unknown patch order {name!r}; valid: {list(PATCH_ORDERS)}")
 
 
-def token_orders(rows: int, cols: int, names) -> tuple[np.ndarray, ...] | None:
-    """Orders of the CLS token (first) and the ``rows x cols`` patch tokens, one per name; None
-    for raster alone (nothing to reorder)."""
+def check_orders(orders, mixer_kind: str) -> None:
+    """ValueError (one line) unless ``orders`` names at least one of :data:`PATCH_ORDERS`, and
+    anything but raster alone goes to the LION mixer (only its mask averages several orders)."""
+    if not orders or isinstance(orders, str):
+        raise ValueError("orders must be a sequence of order names with at least one patch "
+                         f"order; got {orders!r}")
+    for name in orders:
+        if name not in PATCH_ORDERS:
+            raise ValueError(f"unknown patch order {name!r} in orders; valid: "
+                             f"{list(PATCH_ORDERS)}")
+    if tuple(orders) != ("raster",) and mixer_kind != "lion":
+        raise ValueError(f"orders={tuple(orders)} needs the LION mixer (only its mask walks "
+                         f"several orders); got mixer_kind={mixer_kind!r}")
+
+
+def token_orders(rows: int, cols: int, names,
+                 num_prefix: int = 1) -> tuple[np.ndarray, ...] | None:
+    """Orders of ``num_prefix`` leading tokens (ViT's CLS token: 1; they stay first) and the
+    ``rows x cols`` patch tokens after them, one per name; None for raster alone (nothing to
+    reorder)."""
     if tuple(names) == ("raster",):
         return None
-    return tuple(np.concatenate([[0], 1 + patch_order(rows, cols, name)]) for name in names)
+    return tuple(np.concatenate([np.arange(num_prefix), num_prefix + patch_order(rows, cols, name)])
+                 for name in names)
 
 
 class VisionTransformer(nn.Module):
@@ -131,15 +149,7 @@ class VisionTransformer(nn.Module):
                                    ("pos_emb", self.pos_emb, POS_EMBS)):
             if value not in valid:
                 raise ValueError(f"unknown {name} {value!r}; valid: {list(valid)}")
-        if not self.orders:
-            raise ValueError("orders must name at least one patch order")
-        for name in self.orders:
-            if name not in PATCH_ORDERS:
-                raise ValueError(f"unknown patch order {name!r}; valid: {list(PATCH_ORDERS)}")
-        if tuple(self.orders) != ("raster",) and self.mixer_kind != "lion":
-            raise ValueError(f"orders={tuple(self.orders)} needs the LION mixer (softmax "
-                             f"attention does not depend on the order); got mixer_kind="
-                             f"{self.mixer_kind!r}")
+        check_orders(self.orders, self.mixer_kind)
         if self.pos_emb == "learned" and not self.image_size:
             raise ValueError("pos_emb='learned' needs image_size (the training resolution)")
         if self.image_size and self.image_size % self.patch_size:
@@ -206,8 +216,8 @@ class VisionTransformer(nn.Module):
         for i in range(self.num_layers):
             rate = self.drop_path * i / max(self.num_layers - 1, 1)
             x = ResidualBlock(mixer, self.mlp_dim, mixer_kind=self.mixer_kind,
-                              channel_mixer=self.channel_mixer, dropout=self.dropout, drop_path=rate, norm=self.norm, **dtypes,
-                              name=f"block_{i}")(x, deterministic=deterministic, orders=orders)
+                              channel_mixer=self.channel_mixer, dropout=self.dropout,
+                              drop_path=rate, norm=self.norm, **dtypes, name=f"block_{i}")(x, deterministic=deterministic, orders=orders)
         x = make_norm(self.norm, **dtypes, name="final_norm")(x).astype(jnp.float32)
         pooled = x[:, 0] if self.pooling == "cls" else jnp.mean(x[:, 1:], axis=1)
         return nn.Dense(
