@@ -11,6 +11,7 @@ import pytest
 from lion_jax.layers import (LionAttention, Mlp, ResidualBlock, SoftmaxAttention,
                              get_feature_map, make_mixer)
 from lion_jax.layers.lion import decay_logits, hippo_log_decays, zoh_value_scales
+from lion_jax.layers.s5 import hippo_normal
 
 B, L, D, H, K, V = 2, 13, 16, 2, 4, 6  # odd length, K != V
 CHUNK = 4  # does not divide L
@@ -301,7 +302,12 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     (dict(value_init="zeros"), "unknown value_init"),
     (dict(variant="lit", decay_init="hippo"), "decay_init='hippo' is for variants"),
     (dict(variant="d", decay_activation="softplus"), "is for variant 's'"),
-    (dict(value_init="zoh"), "set decay_init='hippo'"),
+    (dict(value_init="zoh"), "set decay_init='hippo' or 'hippo_complex'"),
+    (dict(variant="lit", decay_init="hippo_complex"), "decay_init='hippo_complex' is for"),
+    (dict(decay_init="hippo_complex", value_init="zoh"), "hippo_complex.*decay_shape='vector'"),
+    (dict(decay_init="hippo_complex", decay_shape="vector"), "hippo_complex.*value_init='zoh'"),
+    (dict(decay_init="hippo_complex", decay_shape="vector", value_init="zoh",
+          normalize=False, rope_base=10.0), "hippo_complex.*no rope_base"),
     (dict(selective_timescales="random"), "unknown selective_timescales"),
     (dict(selective_timescales="hippo"), "orders the gate biases by the HiPPO decays"),
     (dict(variant="retnet", normalize_unmasked=True), "normalize_unmasked=True needs"),
@@ -542,6 +548,78 @@ def test_rotated_scores_ignore_padding(rng):
     x_padded = (10.0 * normal(rng, B, L + 5, D)).at[:, real].set(x)
     y_padded = layer.apply(params, x_padded, jnp.broadcast_to(jnp.asarray(real), (B, L + 5)))
     assert np.all(np.isfinite(y_padded)) and rel_err(y_padded[:, real], y) < 1e-5
+
+
+@pytest.mark.parametrize("variant,normalize", [("s", None), ("s", False), ("d", None)])
+def test_complex_hippo_decay_matches_the_complex_mask(rng, variant, normalize):
+    """``decay_init="hippo_complex"``: with S5's ``Lambda``, ``dt`` and ``B_bar`` computed from
+    the parameters (float64), ``v = B_bar x`` (complex), the mask of channel ``c``
+    ``M_ijc exp(i theta_c (i - j))`` from the real log-decays and ``theta = Im(Lambda dt)``,
+    ``y = sum_j s_ij M v_j`` (SCALE: over ``sum_j s_ij M_ijc``), then ``out`` reads the real
+    and imaginary parts; every impl agrees."""
+    x = normal(rng, B, L, D)
+    kwargs = dict(decay_init="hippo_complex", value_init="zoh", normalize=normalize,
+                  hippo_dt_range=(0.05, 1.0))  # angles of order one per token
+    layer = make_layer(variant, "vector", impl="attention", **kwargs)
+    params = layer.init(jax_key(rng), x)
+    p = {name: np.asarray(value, np.float64) for name, value in nn.unbox(params)["params"].items()
+         if not isinstance(value, dict)}
+    np.testing.assert_allclose(np.exp(p["lambda_log_re"]), 0.5, rtol=1e-6)  # S5's -1/2
+    lam = -np.exp(p["lambda_log_re"]) + 1j * p["lambda_im"]
+    lam_dt = lam * np.exp(p["log_step"])
+    (q, k, _, log_decay, _), y = mixer_inputs(layer, params, x)
+
+    value = nn.unbox(params)["params"]["value"]
+    u = (np.asarray(x, np.float64) @ np.asarray(value["kernel"], np.float64)
+         + np.asarray(value["bias"], np.float64)).reshape(B, L, 2, H, V)
+    v = (u[:, :, 0] + 1j * u[:, :, 1]) * (np.expm1(lam_dt) / lam).reshape(H, V)
+    A = np.cumsum(log_decay[..., :V], axis=1)  # [b, L, H, V]; both halves share it
+    np.testing.assert_allclose(log_decay[..., V:], log_decay[..., :V])
+    if variant == "d":  # the fixed decay alone: Re(Lambda dt)
+        np.testing.assert_allclose(log_decay[0, 0, :, :V], lam_dt.real.reshape(H, V),
+                                   rtol=1e-5)
+    lag = np.arange(L)[:, None] - np.arange(L)[None, :]
+    mask = np.exp(-np.abs(A[:, :, None] - A[:, None, :]))  # [b, i, j, H, V]
+    phase = np.exp(1j * lag[..., None, None] * lam_dt.imag.reshape(H, V))  # [i, j, H, V]
+    scores = np.einsum("bihk,bjhk->bijh", q, k)
+    out = np.einsum("bijh,bijhv,bjhv->bihv", scores, mask * phase, v)
+    if layer.scaled:
+        out = out / (np.einsum("bijh,bijhv->bihv", scores, mask) + layer.eps)
+    expected = output_projection(params, np.concatenate([out.real, out.imag], axis=-1))
+    assert rel_err(y, expected) < 1e-5
+    for impl in ("chunk", "recurrent"):
+        other = make_layer(variant, "vector", impl=impl, **kwargs).apply(params, x)
+        assert rel_err(other, y) < 1e-5, impl
+
+
+def test_complex_hippo_decay_init_and_padding(rng):
+    """``decay_init="hippo_complex"``: the eigenvalues are HiPPO-N's per head, ``W_v`` is S5's
+    ``B`` in their eigenbasis (so ``B V`` is real: the draw in the original basis), and pads
+    inserted inside and appended leave the real outputs unchanged (the phase counts real
+    tokens)."""
+    x = normal(rng, B, L, D)
+    layer = make_layer("s", "vector", decay_init="hippo_complex", value_init="zoh",
+                       impl="attention")
+    params = layer.init(jax_key(rng), x)
+    p = nn.unbox(params)["params"]
+    eigenvalues, vectors = hippo_normal(V)
+    np.testing.assert_allclose(np.asarray(p["lambda_im"]).reshape(H, V),
+                               np.broadcast_to(eigenvalues.imag, (H, V)), rtol=1e-5, atol=1e-6)
+    steps = np.exp(np.asarray(p["log_step"]))
+    assert np.all(steps >= 1e-3 * (1 - 1e-5)) and np.all(steps <= 0.1 * (1 + 1e-5))
+    kernel = np.asarray(p["value"]["kernel"], np.float64).reshape(D, 2, H, V)
+    b0 = np.einsum("dhn,mn->dhm", kernel[:, 0] + 1j * kernel[:, 1], vectors)  # undo V^H
+    assert np.max(np.abs(b0.imag)) < 1e-5 * np.max(np.abs(b0.real))
+
+    y = layer.apply(params, x)
+    real = np.ones(L + 5, bool)
+    real[rng.choice(L, size=3, replace=False) + 1] = False
+    real[L + 3:] = False
+    x_padded = (10.0 * normal(rng, B, L + 5, D)).at[:, real].set(x)
+    y_padded = layer.apply(params, x_padded, jnp.broadcast_to(jnp.asarray(real), (B, L + 5)))
+    assert np.all(np.isfinite(y_padded)) and rel_err(y_padded[:, real], y) < 1e-5
+    with pytest.raises(ValueError, match="takes no orders"):
+        layer.apply(params, x, orders=[np.arange(L)])
 
 
 def test_decay_init_follows_retnet_schedule():

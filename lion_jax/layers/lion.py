@@ -19,12 +19,13 @@ import numpy as np
 from lion_jax import ops
 from lion_jax.layers.feature_maps import get_feature_map
 from lion_jax.layers.rotary import rope, rope_frequencies
+from lion_jax.layers.s5 import hippo_normal
 
 VARIANTS = ("lit", "d", "retnet", "s", "grfa", "xlstm")
 FIXED_DECAY_VARIANTS = ("d", "retnet")
 SELECTIVE_VARIANTS = ("s", "grfa", "xlstm")
 DECAY_SHAPES = ("scalar", "vector")
-DECAY_INITS = ("exponents", "hippo")
+DECAY_INITS = ("exponents", "hippo", "hippo_complex")
 DECAY_ACTIVATIONS = ("log_sigmoid", "softplus")
 SELECTIVE_TIMESCALES = ("spread", "hippo")
 VALUE_INITS = ("lecun", "zoh")
@@ -80,6 +81,32 @@ def zoh_value_scales(log_decays: np.ndarray) -> np.ndarray:
     return np.expm1(log_decays) / eigenvalues
 
 
+def complex_value_init(num_heads: int, channels_per_head: int):
+    """Initializer of ``W_v``'s kernel ``[D, 2 * H * V]`` for ``decay_init="hippo_complex"``:
+    S5's ``B`` (lecun normal in the original basis, then into each head's HiPPO-N eigenbasis,
+    ``B = V^H B0``; :func:`lion_jax.layers.s5.hippo_normal`), as ``x @ W``'s real parts then
+    imaginary parts, each ``[H, V]`` head-major."""
+    _, vectors = hippo_normal(channels_per_head)
+
+    def init(key, shape, dtype=jnp.float32):
+        b0 = nn.initializers.lecun_normal()(key, (shape[0], num_heads, channels_per_head),
+                                            jnp.float32)
+        b = jnp.einsum("dhm,mn->dhn", b0.astype(jnp.complex64),
+                       jnp.asarray(vectors.conj(), jnp.complex64))
+        return jnp.concatenate([b.real, b.imag], axis=1).reshape(shape).astype(dtype)
+    return init
+
+
+def _complex_mul(a, b):
+    """``a * b`` for complex numbers held as ``(real, imaginary)`` pairs, broadcasting."""
+    return a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0]
+
+
+def _rotate(z, angles):
+    """``z * exp(i angles)``, ``z`` a ``(real, imaginary)`` pair."""
+    return _complex_mul(z, (jnp.cos(angles), jnp.sin(angles)))
+
+
 def _constant_init(values: np.ndarray):
     """An initializer returning ``values`` (reshaped to the requested shape)."""
     def init(key, shape, dtype=jnp.float32):
@@ -125,6 +152,25 @@ class LionAttention(nn.Module):
     with the same bias init the decays start strong instead of weak;
     ``normalize_unmasked=True`` (Table 6 [5], "scaled attention w.o. mask") divides the
     masked numerator by the *unmasked* row sum ``sum_j s_ij`` instead of ``sum_j s_ij M_ij``.
+
+    ``decay_init="hippo_complex"`` is the other reading of D.2, where the non-selective
+    ``Lambda`` is S5's own HiPPO init, whose eigenvalues are complex (``-1/2 + i omega``;
+    :meth:`_complex_decay`), with a decay per value feature: channel ``c`` of the values is
+    ``(B_bar x)_c``, complex, with S5's ``B_bar = Lambda^-1 (exp(Lambda dt) - 1) B``
+    (:func:`complex_value_init`; the ZOH factor is applied at every call, as S5 does, so it
+    follows the learned ``Lambda`` and ``dt``), and the mask of that channel gains the phase
+    ``exp(i theta_c (i - j))``, ``theta_c = Im(Lambda_c dt_c)``, on top of the real decays
+    (``Re(Lambda_c dt_c)`` plus the selective part)::
+
+        y_ic = exp(i theta_c i) sum_j s_ij M_ijc (exp(-i theta_c j) v_jc)
+
+    so the op runs unchanged on ``2V`` real columns (real and imaginary parts, turned back
+    by ``theta_c j``), and the output is turned forward by ``theta_c i``; the output
+    projection reads both parts (``Re(C y)`` with a complex ``C``). The phase is that of a
+    forward walk with ``exp(Lambda dt)`` and a backward walk with its conjugate (S5's
+    backward walk takes ``exp(Lambda dt)`` too; ours keeps one op call). SCALE divides by the
+    real row sums ``sum_j s_ij M_ijc``. S5 without its eigenvalues' imaginary parts does not
+    learn Pathfinder (docs/benchmarks.md), which is why this reading is here.
 
     Scaling: ``q`` is multiplied by ``K**-0.5`` unless the output is SCALE-normalised (there the
     factor cancels, up to ``eps``).
@@ -184,11 +230,14 @@ class LionAttention(nn.Module):
         sequence, which keeps 16-bit gradients precise for values far from zero mean under
         little decay (LION-LIT), for ~5 % more time in the op.
       decay_init_exponents: range of ``e`` in the decay init above.
-      decay_init: ``"exponents"`` (above) or ``"hippo"`` (non-selective HiPPO part, above).
-      hippo_dt_range: the steps ``dt`` of the HiPPO init, log-spaced over the heads.
+      decay_init: ``"exponents"`` (above), ``"hippo"`` (non-selective HiPPO part, above) or
+        ``"hippo_complex"`` (S5's complex one, above).
+      hippo_dt_range: the steps ``dt`` of the HiPPO init, log-spaced over the heads
+        (``"hippo_complex"``: drawn log-uniformly per channel, as S5 does).
       decay_activation: selective decay ``"log_sigmoid"`` (Eq. 28) or ``"softplus"``.
       selective_timescales: ``"spread"`` or ``"hippo"`` (the decay-init paragraph above).
-      value_init: ``"lecun"`` or ``"zoh"`` (needs ``decay_init="hippo"``).
+      value_init: ``"lecun"`` or ``"zoh"`` (needs ``decay_init="hippo"`` or
+        ``"hippo_complex"``, where it is S5's complex ``B_bar``).
       normalize_unmasked: SCALE by the unmasked row sum (Table 6 [5]); bidirectional,
         normalised variants only.
       input_gate_cap: soft cap of ``xlstm``'s log input gate.
@@ -250,18 +299,30 @@ class LionAttention(nn.Module):
                                    ("value_init", self.value_init, VALUE_INITS)):
             if value not in valid:
                 raise ValueError(f"unknown {name} {value!r}; valid: {list(valid)}")
-        if self.decay_init == "hippo" and self.variant not in (*FIXED_DECAY_VARIANTS, "s"):
-            raise ValueError(f"decay_init='hippo' is for variants 'd', 'retnet' and 's'; got "
-                             f"variant={self.variant!r}")
+        if self.decay_init != "exponents" and self.variant not in (*FIXED_DECAY_VARIANTS, "s"):
+            raise ValueError(f"decay_init={self.decay_init!r} is for variants 'd', 'retnet' "
+                             f"and 's'; got variant={self.variant!r}")
         if self.decay_activation != "log_sigmoid" and self.variant != "s":
             raise ValueError(f"decay_activation={self.decay_activation!r} is for variant 's' "
                              f"(the selective decay); got variant={self.variant!r}")
         if self.selective_timescales == "hippo" and self.decay_init != "hippo":
             raise ValueError("selective_timescales='hippo' orders the gate biases by the HiPPO "
                              "decays: set decay_init='hippo'")
-        if self.value_init == "zoh" and self.decay_init != "hippo":
+        if self.value_init == "zoh" and self.decay_init == "exponents":
             raise ValueError("value_init='zoh' scales W_v by the HiPPO decays: set "
-                             "decay_init='hippo'")
+                             "decay_init='hippo' or 'hippo_complex'")
+        if self.decay_init == "hippo_complex" and (
+                self.variant not in (*FIXED_DECAY_VARIANTS, "s") or self.decay_shape != "vector"
+                or self.causal or self.value_init != "zoh" or self.rope_base is not None
+                or self.selective_timescales != "spread"):
+            raise ValueError(
+                "decay_init='hippo_complex' (S5's complex decays, one per value feature) needs "
+                "variant 'd', 'retnet' or 's', decay_shape='vector', the bidirectional mixer, "
+                "value_init='zoh', no rope_base and selective_timescales='spread'; got "
+                f"variant={self.variant!r}, decay_shape={self.decay_shape!r}, "
+                f"causal={self.causal}, value_init={self.value_init!r}, "
+                f"rope_base={self.rope_base}, selective_timescales="
+                f"{self.selective_timescales!r}")
         if self.normalize_unmasked and (self.causal or not self.scaled):
             raise ValueError(
                 "normalize_unmasked=True needs the bidirectional op with SCALE normalisation; "
@@ -345,9 +406,38 @@ class LionAttention(nn.Module):
         """The HiPPO init's log-decays, ``[H, channels per head]`` (float64)."""
         return hippo_log_decays(self.num_heads, self._decay_channels()[0], self.hippo_dt_range)
 
-    def _fixed_log_decay(self, dtype):
-        """The non-selective log-decay per channel, ``[channels]``, or None (plain LION-S)."""
+    def _complex_decay(self):
+        """``decay_init="hippo_complex"``: S5's discretised eigenvalues ``Lambda dt`` per value
+        channel as ``(real, imaginary)`` parts ``[H * V]`` each, and the ZOH factors
+        ``Lambda^-1 (exp(Lambda dt) - 1)`` as ``(real, imaginary)`` ``[H * V]`` (float32).
+
+        Parameters as :class:`lion_jax.layers.s5.S5Mixer` names and initialises them:
+        ``lambda_log_re`` (``Re Lambda = -exp(.)``, from -1/2), ``lambda_im`` (HiPPO-N's
+        ``omega`` per head of ``V`` channels), ``log_step`` (log-uniform in
+        ``hippo_dt_range``)."""
+        H, V = self.num_heads, self.value_width
+        eigenvalues, _ = hippo_normal(V)
+        lo, hi = np.log(self.hippo_dt_range[0]), np.log(self.hippo_dt_range[1])
+
+        def param(name, init):
+            return self.param(name, nn.with_logical_partitioning(init, (None,)), (H * V,),
+                              self.param_dtype).astype(jnp.float32)
+        log_re = param("lambda_log_re", _constant_init(np.tile(np.log(-eigenvalues.real), H)))
+        im = param("lambda_im", _constant_init(np.tile(eigenvalues.imag, H)))
+        log_step = param("log_step", lambda key, shape, dtype=jnp.float32:
+                         jax.random.uniform(key, shape, dtype, lo, hi))
+        lam = jax.lax.complex(-jnp.exp(log_re), im)
+        lam_dt = lam * jnp.exp(log_step)
+        zoh = jnp.expm1(lam_dt) / lam
+        return (lam_dt.real, lam_dt.imag), (zoh.real, zoh.imag)
+
+    def _fixed_log_decay(self, dtype, complex_decay=None):
+        """The non-selective log-decay per channel, ``[channels]``, or None (plain LION-S);
+        with ``decay_init="hippo_complex"`` the real part of :meth:`_complex_decay`'s
+        ``Lambda dt`` (``complex_decay``, its value)."""
         _, channels = self._decay_channels()
+        if complex_decay is not None:
+            return complex_decay[0][0].astype(dtype)
         if self.decay_init == "hippo":
             init = _constant_init(np.log(-self._hippo()).reshape(-1))
             log_rate = self.param("decay_log_rate", nn.with_logical_partitioning(init, (None,)),
@@ -360,8 +450,9 @@ class LionAttention(nn.Module):
             return jax.nn.log_sigmoid(logit.astype(dtype))
         return None
 
-    def _decays(self, x, dtype):
-        """Log-decays and key scales of the variant, computed in ``dtype`` (>= float32).
+    def _decays(self, x, dtype, complex_decay=None):
+        """Log-decays and key scales of the variant, computed in ``dtype`` (>= float32);
+        ``complex_decay``: :meth:`_complex_decay`'s value with ``decay_init="hippo_complex"``.
 
         Returns:
           ``(log_decay, key_scale)``: ``log_decay`` None, ``[B, L, H]`` or (vector)
@@ -373,7 +464,7 @@ class LionAttention(nn.Module):
             return None, None
         _, channels = self._decay_channels()
         shape = (B, L, H, V) if self.decay_shape == "vector" else (B, L, H)
-        fixed = self._fixed_log_decay(dtype)
+        fixed = self._fixed_log_decay(dtype, complex_decay)
         if self.variant in FIXED_DECAY_VARIANTS:
             return jnp.broadcast_to(fixed.reshape(shape[2:]), shape), None
 
@@ -404,6 +495,8 @@ class LionAttention(nn.Module):
         if self.value_init == "lecun":
             return nn.initializers.lecun_normal()
         H, V = self.num_heads, self.value_width
+        if self.decay_init == "hippo_complex":
+            return complex_value_init(H, V)
         scales = np.broadcast_to(zoh_value_scales(self._hippo()), (H, V)).reshape(-1)
 
         def init(key, shape, dtype=jnp.float32):
@@ -496,22 +589,40 @@ class LionAttention(nn.Module):
         del offset
         if (state is not None or return_state) and not self.causal:
             raise ValueError("a decoding state needs a causal mixer (causal=True)")
+        complex_decay = self._complex_decay() if self.decay_init == "hippo_complex" else None
+        if complex_decay is not None and orders is not None:
+            raise ValueError("decay_init='hippo_complex' rotates the values along the sequence "
+                             "as given; it takes no orders")
         B, L, D = x.shape
         H, K, V = self.num_heads, self.head_dim, self.value_width
+        # the index of each real token, as the decays count (rotations)
+        positions = (jnp.arange(L) if mask is None
+                     else jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1).astype(jnp.float32)
         qk_init = nn.initializers.normal(self.init_std) if self.init_std else None
         q = self._dense(H * K, ("embed", "heads"), "query", kernel_init=qk_init)(x)
         k = self._dense(H * K, ("embed", "heads"), "key", kernel_init=qk_init)(x)
-        v = self._dense(H * V, ("embed", "heads"), "value", kernel_init=self._value_init())(
-            x).reshape(B, L, H, V)
+        parts = 1 if complex_decay is None else 2  # complex values: real, imaginary parts
+        v = self._dense(parts * H * V, ("embed", "heads"), "value",
+                        kernel_init=self._value_init())(x)
         compute_dtype = v.dtype
         float_dtype = jnp.promote_types(compute_dtype, jnp.float32)
+        if complex_decay is None:
+            v = v.reshape(B, L, H, V)
+        else:  # B_bar x, each channel turned back by its angle times the token's index
+            angles = positions[..., None, None] * complex_decay[0][1].reshape(H, V)
+            v = v.astype(float_dtype).reshape(B, L, 2, H, V)
+            zoh = tuple(part.reshape(H, V) for part in complex_decay[1])
+            v = _rotate(_complex_mul((v[:, :, 0], v[:, :, 1]), zoh), -angles)
+            v = jnp.concatenate(v, axis=-1).astype(compute_dtype)  # [B, L, H, 2V]
 
         phi = get_feature_map(self.feature_map_name)
         q = phi(q.reshape(B, L, H, K).astype(float_dtype))
         k = phi(k.reshape(B, L, H, K).astype(float_dtype))
         if not self.scaled:
             q = q * K ** -0.5
-        log_decay, key_scale = self._decays(x, float_dtype)
+        log_decay, key_scale = self._decays(x, float_dtype, complex_decay)
+        if complex_decay is not None:  # the real and imaginary columns share each decay
+            log_decay = jnp.concatenate([log_decay, log_decay], axis=-1)
         if mask is not None:
             def real(t):  # mask broadcast against t [B, L, ...]
                 return mask.reshape((B, L) + (1,) * (t.ndim - 2))
@@ -521,9 +632,7 @@ class LionAttention(nn.Module):
                 log_decay = jnp.where(real(log_decay), log_decay, 0.0)
             if key_scale is not None:
                 key_scale = jnp.where(real(key_scale), key_scale, 0.0)
-        if self.rope_base is not None:  # at the index of each real token, as the decays count
-            positions = (jnp.arange(L) if mask is None
-                         else jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1)
+        if self.rope_base is not None:
             freqs = rope_frequencies(K, self.rope_base)
             if self.rope_learned:
                 freqs = self.param("rope_freq", nn.with_logical_partitioning(
@@ -540,6 +649,10 @@ class LionAttention(nn.Module):
             k = k * key_scale[..., None]
         y, state = self._mix(q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay,
                              value_scale, orders, state, return_state)
+        if complex_decay is not None:  # each output turned forward by its own index's angle
+            y = y.astype(float_dtype)
+            y = jnp.concatenate(_rotate((y[..., :V], y[..., V:]), angles), axis=-1)
+            y = y.astype(compute_dtype)
 
         if self.use_output_norm:
             y = nn.LayerNorm(
@@ -548,5 +661,5 @@ class LionAttention(nn.Module):
                 scale_init=nn.with_logical_partitioning(nn.initializers.ones, (None, None)),
                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None, None)),
                 name="output_norm")(y)
-        y = self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, H * V))
+        y = self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, -1))
         return (y, state) if return_state else y
