@@ -594,9 +594,9 @@ def test_complex_hippo_decay_matches_the_complex_mask(rng, variant, normalize):
 
 def test_complex_hippo_decay_init_and_padding(rng):
     """``decay_init="hippo_complex"``: the eigenvalues are HiPPO-N's per head, ``W_v`` is S5's
-    ``B`` in their eigenbasis (so ``B V`` is real: the draw in the original basis), and pads
-    inserted inside and appended leave the real outputs unchanged (the phase counts real
-    tokens)."""
+    ``B`` in their eigenbasis (so ``B V`` is real: the lecun-normal draw in the original basis),
+    and pads inserted inside and appended leave the real outputs unchanged (the phase counts
+    real tokens)."""
     x = normal(rng, B, L, D)
     layer = make_layer("s", "vector", decay_init="hippo_complex", value_init="zoh",
                        impl="attention")
@@ -610,6 +610,7 @@ def test_complex_hippo_decay_init_and_padding(rng):
     kernel = np.asarray(p["value"]["kernel"], np.float64).reshape(D, 2, H, V)
     b0 = np.einsum("dhn,mn->dhm", kernel[:, 0] + 1j * kernel[:, 1], vectors)  # undo V^H
     assert np.max(np.abs(b0.imag)) < 1e-5 * np.max(np.abs(b0.real))
+    assert 0.75 < np.sqrt(np.mean(b0.real ** 2) * D) < 1.25  # lecun normal: fan-in D
 
     y = layer.apply(params, x)
     real = np.ones(L + 5, bool)

@@ -89,8 +89,8 @@ def complex_value_init(num_heads: int, channels_per_head: int):
     _, vectors = hippo_normal(channels_per_head)
 
     def init(key, shape, dtype=jnp.float32):
-        b0 = nn.initializers.lecun_normal()(key, (shape[0], num_heads, channels_per_head),
-                                            jnp.float32)
+        b0 = nn.initializers.lecun_normal()(key, (shape[0], num_heads * channels_per_head),
+                                            jnp.float32).reshape(shape[0], num_heads, -1)
         b = jnp.einsum("dhm,mn->dhn", b0.astype(jnp.complex64),
                        jnp.asarray(vectors.conj(), jnp.complex64))
         return jnp.concatenate([b.real, b.imag], axis=1).reshape(shape).astype(dtype)
