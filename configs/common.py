@@ -95,6 +95,8 @@ LRA_VARIANTS = {
     "softplus": "Table 6 [7]: a_i = -softplus(w^T x_i + b)",
     "s5_block": "LION-S in S5's layer (the repository paper D.2 follows): BatchNorm, "
                 "GELU + half-GLU (S5's half_glu2 on ListOps and Text), no MLP",
+    "s5_complex": "s5_block with S5's complex HiPPO eigenvalues as LION-S's non-selective decays "
+                  "and S5's complex B_bar as its values (decay_init='hippo_complex')",
     "s5": "S5 itself (lion_jax/layers/s5.py, the reference the recipe comes from) in S5's "
           "layer; its eigenvalues and steps train at optim.decay_lr_factor",
 }
@@ -160,10 +162,13 @@ def apply_lra_variant(c, variant, s5_channel_mixer="half_glu"):
         "no_selectivity": dict(variant="d"),
         "softplus": dict(decay_activation="softplus"),
     }
-    if variant in ("s5_block", "s5"):  # S5's layer
+    if variant in ("s5_block", "s5_complex", "s5"):  # S5's layer
         c.model.update(channel_mixer=s5_channel_mixer, norm="batchnorm")
     if variant == "s5_block":
         c.label = "LION-S, S5 block"
+    elif variant == "s5_complex":
+        mixer.decay_init = "hippo_complex"
+        c.label = "LION-S complex, S5 block"
     elif variant == "s5":
         c.model.mixer_kind = "s5"
         c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1),

@@ -76,13 +76,18 @@ def test_listops_default_is_the_paper_setting():
                                          ("retrieval", "half_glu"), ("image", "half_glu"),
                                          ("pathfinder", "half_glu"), ("pathx", "half_glu")])
 def test_s5_variants_take_s5s_layer_of_the_task(task, layer):
-    """``s5_block`` and ``s5`` take S5's activation of the task's script (lindermanlab/S5
-    bin/run_experiments: half_glu2 for ListOps and IMDb, the default half_glu1 elsewhere)."""
+    """``s5_block``, ``s5_complex`` and ``s5`` take S5's activation of the task's script
+    (lindermanlab/S5 bin/run_experiments: half_glu2 for ListOps and IMDb, the default
+    half_glu1 elsewhere); ``s5_complex`` differs from ``s5_block`` in the decay init alone."""
     module = importlib.import_module(f"configs.lra.{task}")
-    for variant in ("s5_block", "s5"):
+    for variant in ("s5_block", "s5_complex", "s5"):
         c = module.get_config(variant)
         assert (c.model.channel_mixer, c.model.norm) == (layer, "batchnorm"), (task, variant)
     assert module.get_config().model.channel_mixer == "mlp"
+    block, complex_ = (module.get_config(v).to_dict() for v in ("s5_block", "s5_complex"))
+    assert complex_["model"]["mixer"].pop("decay_init") == "hippo_complex"
+    assert block["model"]["mixer"].pop("decay_init") == "hippo"
+    assert {**block, "label": ""} == {**complex_, "label": ""}
 
 
 def test_parse_variant():
