@@ -584,7 +584,9 @@ class LionAttention(nn.Module):
         Sows ``(q, k, v, log_decay, key_scale)`` into the ``'intermediates'`` collection as
         ``mixer_inputs``: ``q, k [B, L, H, K]`` (>= float32) after the feature map, the
         ``K**-0.5`` scale and the rotation, ``v [B, L, H, V]``, decays as returned by
-        :meth:`_decays`, padding applied; the op then sees ``k * key_scale``.
+        :meth:`_decays`, padding applied; the op then sees ``k * key_scale``. With
+        ``decay_init="hippo_complex"``, ``v`` and ``log_decay`` are the op's ``[B, L, H, 2V]``
+        (the turned real and imaginary parts, each decay twice).
         """
         del offset
         if (state is not None or return_state) and not self.causal:
