@@ -534,13 +534,9 @@ def test_rotated_scores_match_the_lag_formula(rng, variant, decay_shape, learned
     assert rel_err(y, output_projection(params, expected)) < 1e-5
 
 
-def test_rotated_scores_ignore_padding(rng):
-    """The rotation counts real tokens, as the decays do: pads inserted inside and appended
-    leave the real outputs unchanged."""
-    x = normal(rng, B, L, D)
-    layer = make_layer("s", "vector", normalize=False, output_norm=True, rope_base=10.0,
-                       impl="attention")
-    params = layer.init(jax_key(rng), x)
+def assert_padding_leaves_real_outputs(rng, layer, params, x):
+    """Pads (large random tokens) inserted inside ``x [B, L, D]`` and appended leave the real
+    outputs unchanged and finite."""
     y = layer.apply(params, x)
     real = np.ones(L + 5, bool)
     real[rng.choice(L, size=3, replace=False) + 1] = False
@@ -548,6 +544,15 @@ def test_rotated_scores_ignore_padding(rng):
     x_padded = (10.0 * normal(rng, B, L + 5, D)).at[:, real].set(x)
     y_padded = layer.apply(params, x_padded, jnp.broadcast_to(jnp.asarray(real), (B, L + 5)))
     assert np.all(np.isfinite(y_padded)) and rel_err(y_padded[:, real], y) < 1e-5
+
+
+def test_rotated_scores_ignore_padding(rng):
+    """The rotation counts real tokens, as the decays do: pads inserted inside and appended
+    leave the real outputs unchanged."""
+    x = normal(rng, B, L, D)
+    layer = make_layer("s", "vector", normalize=False, output_norm=True, rope_base=10.0,
+                       impl="attention")
+    assert_padding_leaves_real_outputs(rng, layer, layer.init(jax_key(rng), x), x)
 
 
 @pytest.mark.parametrize("variant,normalize", [("s", None), ("s", False), ("d", None)])
@@ -612,13 +617,7 @@ def test_complex_hippo_decay_init_and_padding(rng):
     assert np.max(np.abs(b0.imag)) < 1e-5 * np.max(np.abs(b0.real))
     assert 0.75 < np.sqrt(np.mean(b0.real ** 2) * D) < 1.25  # lecun normal: fan-in D
 
-    y = layer.apply(params, x)
-    real = np.ones(L + 5, bool)
-    real[rng.choice(L, size=3, replace=False) + 1] = False
-    real[L + 3:] = False
-    x_padded = (10.0 * normal(rng, B, L + 5, D)).at[:, real].set(x)
-    y_padded = layer.apply(params, x_padded, jnp.broadcast_to(jnp.asarray(real), (B, L + 5)))
-    assert np.all(np.isfinite(y_padded)) and rel_err(y_padded[:, real], y) < 1e-5
+    assert_padding_leaves_real_outputs(rng, layer, params, x)
     with pytest.raises(ValueError, match="takes no orders"):
         layer.apply(params, x, orders=[np.arange(L)])
 
