@@ -10,8 +10,8 @@ import pytest
 
 from lion_jax.layers import (LionAttention, Mlp, ResidualBlock, SoftmaxAttention,
                              get_feature_map, make_mixer)
-from lion_jax.layers.lion import decay_logits, hippo_log_decays, zoh_value_scales
-from lion_jax.layers.s5 import hippo_normal
+from lion_jax.layers.hippo import hippo_log_decays, hippo_normal, zoh_value_scales
+from lion_jax.layers.lion import decay_logits
 
 B, L, D, H, K, V = 2, 13, 16, 2, 4, 6  # odd length, K != V
 CHUNK = 4  # does not divide L

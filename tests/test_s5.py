@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lion_jax.layers.s5 import S5Mixer, hippo_normal
+from lion_jax.layers.hippo import hippo_normal
+from lion_jax.layers.s5 import S5Mixer
 
 B, L, D, H, N = 2, 11, 6, 2, 4  # odd length; P = H * N = 8 state channels
 

@@ -33,18 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lion_jax import ops
-
-
-def hippo_normal(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenvalues ``[n]`` and unitary eigenvectors ``[n, n]`` (complex128) of the normal part
-    of HiPPO-LegS, ``A + p p^T`` with ``p_k = sqrt(k + 1/2)``: ``-1/2 I`` plus a skew-symmetric
-    matrix, so every eigenvalue is ``-1/2 + i omega``."""
-    k = np.arange(n, dtype=np.float64)
-    root = np.sqrt(2 * k + 1)
-    skew = 0.5 * np.outer(root, root)
-    skew = np.where(k[:, None] > k[None, :], -skew, np.where(k[:, None] < k[None, :], skew, 0.0))
-    omega, vectors = np.linalg.eigh(-1j * skew)  # skew = V diag(i omega) V^H
-    return -0.5 + 1j * omega, vectors
+from lion_jax.layers.hippo import hippo_normal
 
 
 def _walk(decay, inputs, reverse):
