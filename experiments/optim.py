@@ -24,8 +24,8 @@ The gradient is clipped to ``clip_norm`` global L2 norm before AdamW (0 disables
 eigenvalues and steps, cosFormer2's and LightNet's decay logits), as S5 trains its SSM
 parameters (eigenvalues, step sizes) at their own, lower rate: S5's Pathfinder script uses
 9e-4 for those and 5x that for the rest (lindermanlab/S5
-``bin/run_experiments/run_lra_pathfinder.sh``), i.e. ``decay_lr_factor = 0.2``. These leaves are 1-D or small and never weight-decayed, so the factor is exactly their
-learning rate's.
+``bin/run_experiments/run_lra_pathfinder.sh``), i.e. ``decay_lr_factor = 0.2``. These leaves
+are 1-D or small and never weight-decayed, so the factor is exactly their learning rate's.
 
 EMA of parameters (``ema_decay > 0``) is kept by the trainer beside the parameters and used
 for evaluation: ``ema = d * ema + (1 - d) * params`` after each update, with the warm-up

@@ -217,7 +217,8 @@ class VisionTransformer(nn.Module):
             rate = self.drop_path * i / max(self.num_layers - 1, 1)
             x = ResidualBlock(mixer, self.mlp_dim, mixer_kind=self.mixer_kind,
                               channel_mixer=self.channel_mixer, dropout=self.dropout,
-                              drop_path=rate, norm=self.norm, **dtypes, name=f"block_{i}")(x, deterministic=deterministic, orders=orders)
+                              drop_path=rate, norm=self.norm, **dtypes, name=f"block_{i}")(
+                x, deterministic=deterministic, orders=orders)
         x = make_norm(self.norm, **dtypes, name="final_norm")(x).astype(jnp.float32)
         pooled = x[:, 0] if self.pooling == "cls" else jnp.mean(x[:, 1:], axis=1)
         return nn.Dense(
