@@ -54,16 +54,6 @@ def decay_logits(n: int, exponents: tuple[float, float]) -> np.ndarray:
     return np.log1p(-np.exp2(-e)) + e * np.log(2.0)  # log(lam / (1 - lam))
 
 
-def _complex_mul(a, b):
-    """``a * b`` for complex numbers held as ``(real, imaginary)`` pairs, broadcasting."""
-    return a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0]
-
-
-def _rotate(z, angles):
-    """``z * exp(i angles)``, ``z`` a ``(real, imaginary)`` pair."""
-    return _complex_mul(z, (jnp.cos(angles), jnp.sin(angles)))
-
-
 def _constant_init(values: np.ndarray):
     """An initializer returning ``values`` (reshaped to the requested shape)."""
     def init(key, shape, dtype=jnp.float32):
@@ -568,11 +558,13 @@ class LionAttention(nn.Module):
         if complex_decay is None:
             v = v.reshape(B, L, H, V)
         else:  # B_bar x, each channel turned back by its angle times the token's index
-            angles = positions[..., None, None] * complex_decay[0][1].reshape(H, V)
+            theta = complex_decay[0][1].reshape(H, V)
             v = v.astype(float_dtype).reshape(B, L, 2, H, V)
-            zoh = tuple(part.reshape(H, V) for part in complex_decay[1])
-            v = _rotate(_complex_mul((v[:, :, 0], v[:, :, 1]), zoh), -angles)
-            v = jnp.concatenate(v, axis=-1).astype(compute_dtype)  # [B, L, H, 2V]
+            (v_re, v_im), (z_re, z_im) = (v[:, :, 0], v[:, :, 1]), complex_decay[1]
+            z_re, z_im = z_re.reshape(H, V), z_im.reshape(H, V)
+            v = jnp.concatenate([v_re * z_re - v_im * z_im, v_re * z_im + v_im * z_re], axis=-1)
+            # rope turns the pairs (c, c + V), i.e. (real, imaginary), by positions * freqs
+            v = rope(v, positions, freqs=-theta).astype(compute_dtype)  # [B, L, H, 2V]
 
         phi = get_feature_map(self.feature_map_name)
         q = phi(q.reshape(B, L, H, K).astype(float_dtype))
@@ -609,9 +601,7 @@ class LionAttention(nn.Module):
         y, state = self._mix(q.astype(compute_dtype), k.astype(compute_dtype), v, log_decay,
                              value_scale, orders, state, return_state)
         if complex_decay is not None:  # each output turned forward by its own index's angle
-            y = y.astype(float_dtype)
-            y = jnp.concatenate(_rotate((y[..., :V], y[..., V:]), angles), axis=-1)
-            y = y.astype(compute_dtype)
+            y = rope(y, positions, freqs=theta)
 
         if self.use_output_norm:
             y = nn.LayerNorm(

@@ -1,5 +1,6 @@
 """Rotary position embedding (RoPE; Su et al., RoFormer): LLaMA's positions, and LION's
-optional rotated scores (:class:`lion_jax.layers.lion.LionAttention`, ``rope_base``)."""
+optional rotated scores and the phases of its complex decays
+(:class:`lion_jax.layers.lion.LionAttention`, ``rope_base`` and ``decay_init="hippo_complex"``)."""
 
 import jax.numpy as jnp
 import numpy as np
