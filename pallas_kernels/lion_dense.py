@@ -43,6 +43,18 @@ and y rows and writes ``dden [B, L, H]`` float32 for the second launch), then
 column part of dA). r is folded into the float32 tiles (``dP = (dy V^T) r + dden``,
 ``dv = (P r)^T dy``), so no XLA pass writes dnum or delta.
 
+The token order's mask off the diagonal (:func:`_separable_mask`, :func:`_off_diagonal_da`):
+A does not increase along the tokens, so for a row block and a column block that do not
+overlap, with a token ``b`` between them, ``M_ij = exp(-|A_i - A_b|) exp(-|A_b - A_j|)``: a row
+factor times a column factor, both in [0, 1], two exponentials per row and column where the
+tile takes one per pair. Only the program's own (diagonal) block takes the tile, by a
+``lax.cond`` on the step. There ``sign(t - j)`` is also one sign for the whole step, and
+``sum_j G_tj = q_t . (sum_j dS_tj k_j)``: the row part of dA is the program's q times dq's
+step (the column part k times dk's step), one reduction over the head dim, so the dq kernel
+needs S only on the diagonal block. That step carries dS's rounding to 16 bits into dA, so
+with ``two_parts`` the dk step too takes dS in two parts (d log_decay's bf16 error at L = 197,
+K = 64, 4 seeds: 2e-5 as the exact sums of G gave, 3.4e-3 with dk's step in one part).
+
 No copies of the inputs: each program's refs span the whole (padded) sequence of one (b, h)
 in the ``[B, L, H, D]`` layout (rows of D contiguous elements, H * D apart), and tiles past L
 or past the head dim are masked on load (zeros, which add nothing) and on store. Matmuls take
@@ -61,8 +73,9 @@ uniform in [-20, 0]: 2.4e-2 / 1.4e-2 in one part, 1.8e-3 / 2.5e-3 in two (the lo
 alone left that dq at 2.3e-2, the forward's split alone at 1.4e-2). Calls that are not
 differentiated take one part and write no low part.
 
-Matmuls per (query block, key block) pair: forward 2 (3 split), dq 3 (4 split; one less
-without decay, where dA needs no S), dk/dv 4.
+Matmuls per (query block, key block) pair: forward 2 (3 split), dq 2 (3 split; with decay one
+more, S, on the diagonal block, or on every block with orders), dk/dv 4 (5 split with decay in
+the token order).
 
 Several token orders (``orders``, LION-S v2, paper C.8): ``M = mean_p exp(-|A^p_i - A^p_j|)``,
 ``A^p`` the cumulative log-decays along order p read back in token order, so ``M_p`` is the
@@ -211,6 +224,56 @@ def _decay_masks(a_rows, a_cols):
     return masks
 
 
+def _separable_mask(a_refs, a_rows, a_cols, row_start, col_start, length):
+    """``M [R, C]`` of a row block and a column block that do not overlap, in token order (one
+    order, no positions table), as the outer product of a row and a column factor in [0, 1]:
+    with ``b = max(row_start, col_start)`` a token between the two blocks and ``s = +1`` when
+    the rows come after the columns (``-1`` before),
+
+        M_ij = exp(s (A_i - A_b)) exp(s (A_b - A_j)) = exp(-|A_i - A_j|),
+
+    both exponents <= 0 since A does not increase along the tokens (so neither factor
+    overflows; they are clamped at 0, which only rows and columns past L, loaded as A = 0,
+    reach). Two exponentials per row and column instead of one per pair."""
+    b = jnp.maximum(row_start, col_start)
+    sign = (row_start > col_start).astype(jnp.float32) * 2.0 - 1.0
+    a_b = [_load(ref, b, 1, length) for ref in a_refs]  # [1] each
+    x_rows = sum(r - ab for r, ab in zip(a_rows[0], a_b))
+    x_cols = sum(ab - c for c, ab in zip(a_cols[0], a_b))
+    factor = lambda x: jnp.exp2(jnp.minimum(sign * x, 0.0) * LOG2_E)  # noqa: E731
+    return factor(x_rows)[:, None] * factor(x_cols)[None, :]
+
+
+def _token_order_mask(a_refs, a_rows, a_cols, row_start, col_start, length, block=None,
+                      diagonal_da=None):
+    """M of one step in token order: on the diagonal block (the program's own, ``row_start ==
+    col_start``) the mask tile of :func:`_decay_masks`, elsewhere :func:`_separable_mask`.
+    With ``diagonal_da``: ``(M, dA part [block])``, the part ``diagonal_da(M)`` on the
+    diagonal block (the sign-weighted sums of G, whose sign changes inside the block) and
+    zeros elsewhere (:func:`_off_diagonal_da` takes those)."""
+    def diagonal():
+        m = _decay_masks(a_rows, a_cols)[0]
+        return m if diagonal_da is None else (m, diagonal_da(m))
+
+    def off_diagonal():
+        m = _separable_mask(a_refs, a_rows, a_cols, row_start, col_start, length)
+        return m if diagonal_da is None else (m, jnp.zeros((block,), jnp.float32))
+    return jax.lax.cond(row_start == col_start, diagonal, off_diagonal)
+
+
+def _off_diagonal_da(start, s0, x, step):
+    """The dA part of a step off the diagonal block, ``[block]``: there ``sign(t - j)`` is one
+    sign for the whole step, ``sign(start - s0)``, and the sum of G over the step is the
+    product of the program's rows with their gradient's step,
+
+        sum_j G_tj = sum_j dS_tj (q_t . k_j) = q_t . (sum_j dS_tj k_j)
+
+    (dq's step; the keys' column sums likewise ``k_t . `` dk's step), one reduction over the
+    head dim instead of a tile of products. Zero on the diagonal block."""
+    sign = (start > s0).astype(jnp.float32) - (start < s0).astype(jnp.float32)
+    return sign * jnp.sum(x.astype(jnp.float32) * step, axis=1)
+
+
 def _mean(masks):
     """The orders' mask: their mean (one order: itself)."""
     return masks[0] if len(masks) == 1 else sum(masks) * (1.0 / len(masks))
@@ -253,6 +316,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, orde
     f32 = jnp.float32
     dtype = q_ref.dtype
     dot = functools.partial(pltriton.dot, precision=precision)
+    separable = decay and orders == 1 and not tables  # the token order: _separable_mask
     start = pl.program_id(0) % -(-length // block) * block  # this program's block
     q = _load(q_ref, start, block, length, K)
     a_q = _load_a(a_refs, start, block, length, orders)
@@ -263,7 +327,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, orde
         v = _load(v_ref, s0, n, length, V)
         p = dot(q, k, trans_b=True)
         if decay:
-            p = p * _mean(_decay_masks(a_q, _load_a(a_refs, s0, n, length, orders)))
+            a_k = _load_a(a_refs, s0, n, length, orders)
+            if separable:
+                m = _token_order_mask(a_refs, a_q, a_k, start, s0, length)
+            else:
+                m = _mean(_decay_masks(a_q, a_k))
+            p = p * m
         if split:
             num = num + sum(dot(part, v) for part in _two_parts(p, dtype))
         else:
@@ -314,12 +383,19 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, o
         _store(dden_ref, start, block, length, dden)
     dq = jnp.zeros((block, q_ref.shape[-1]), f32)
     das = [jnp.zeros((block,), f32) for _ in da_refs]
+    separable = decay and orders == 1 and not tables
     for s0, n in _steps(length, block):
         k = _load(k_ref, s0, n, length, K)
         ds = dot(dy, _load(v_ref, s0, n, length, V), trans_b=True)  # dP, then dS
         if normalize:
             ds = ds * r[:, None] + dden[:, None]
-        if decay:
+        if separable:
+            m, da_diagonal = _token_order_mask(
+                a_refs, a_q, _load_a(a_refs, s0, n, length, orders), start, s0, length, block,
+                diagonal_da=lambda m: jnp.sum(_order_signs(start, block, s0, n)
+                                  * (ds * dot(q, k, trans_b=True) * m), axis=1))
+            ds = ds * m
+        elif decay:
             masks = _decay_masks(a_q, _load_a(a_refs, s0, n, length, orders))
             g = ds * dot(q, k, trans_b=True)  # G^p = dP * S * M_p / orders
             pos_k = _positions(pos_refs, s0, n, length)
@@ -329,16 +405,19 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, o
                 das[o] = das[o] + _per_order(jnp.sum(signs * (g * m), axis=1), orders)
             ds = ds * _mean(masks)
         if split:
-            dq = dq + sum(dot(part, k) for part in _two_parts(ds, dtype))
+            step = sum(dot(part, k) for part in _two_parts(ds, dtype))
         else:
-            dq = dq + dot(ds.astype(dtype), k)
+            step = dot(ds.astype(dtype), k)
+        dq = dq + step
+        if separable:
+            das[0] = das[0] + da_diagonal + _off_diagonal_da(start, s0, q, step)
     _store(dq_ref, start, block, length, dq, K)
     for da_ref, da in zip(da_refs, das):
         _store(da_ref, start, block, length, da)
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, orders,
-                tables, normalize, eps, precision):
+                tables, normalize, eps, precision, split):
     """One (b, h, key block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of A
     ``[Lp]`` and the positions tables, as :func:`_dq_kernel`; den, dden ``[Lp]`` (normalize);
     then dk ``[Lp, Kp]``, dv ``[Lp, Vp]``, the column part of each order's dA ``[Lp]``
@@ -361,6 +440,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, 
     dk = jnp.zeros((block, k_ref.shape[-1]), f32)
     dv = jnp.zeros((block, v_ref.shape[-1]), f32)
     das = [jnp.zeros((block,), f32) for _ in da_refs]
+    separable = decay and orders == 1 and not tables
     for s0, n in _steps(length, block):
         q = _load(q_ref, s0, n, length, K)
         dy = _load(dy_ref, s0, n, length, V)
@@ -369,7 +449,14 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, 
         if normalize:
             r = (1.0 / (_load(den_ref, s0, n, length) + eps))[:, None]
             ds = ds * r + _load(dden_ref, s0, n, length)[:, None]
-        if decay:
+        if separable:
+            m, da_diagonal = _token_order_mask(
+                a_refs, _load_a(a_refs, s0, n, length, orders), a_k, s0, start, length, block,
+                diagonal_da=lambda m: -jnp.sum(_order_signs(s0, n, start, block) * (ds * p * m),
+                                               axis=0))
+            ds = ds * m
+            p = p * m
+        elif decay:
             masks = _decay_masks(_load_a(a_refs, s0, n, length, orders), a_k)
             g = ds * p  # G^p = dP * S * M_p / orders
             pos_q = _positions(pos_refs, s0, n, length)
@@ -381,7 +468,13 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, 
             ds = ds * m
             p = p * m
         dv = dv + dot((p * r if normalize else p).astype(dtype), dy, trans_a=True)
-        dk = dk + dot(ds.astype(dtype), q, trans_a=True)
+        if split and separable:
+            step = sum(dot(part, q, trans_a=True) for part in _two_parts(ds, dtype))
+        else:
+            step = dot(ds.astype(dtype), q, trans_a=True)
+        dk = dk + step
+        if separable:
+            das[0] = das[0] + da_diagonal + _off_diagonal_da(start, s0, k, step)
     _store(dk_ref, start, block, length, dk, K)
     _store(dv_ref, start, block, length, dv, V)
     for da_ref, da in zip(da_refs, das):
@@ -488,7 +581,7 @@ def _backward(q, k, v, a, y, den, y_low, dy, cfg):
     dk, dv, *da = cfg.call(
         _dkv_kernel, "lion_dense_dkv", ins + extra, in_specs + extra_specs,
         [(k.shape, k.dtype, qk), (v.shape, v.dtype, vs)] + [rows] * das,
-        cfg.backward_warps)
+        cfg.backward_warps, split=cfg.split)
     return dq, dk, dv, [row_part + col_part for row_part, col_part in zip(res, da)]
 
 
