@@ -24,7 +24,9 @@ ViT-T's shape (B = 256, L = 197, H = 3, K = V = 64, bf16, normalised), without d
 with one per token and head (LION-S), and with it along ViT's row- and column-snake orders
 (LION-S (v2), one launch for both; ``--dense_cases`` picks among ``lit``, ``s``, ``s_v2``),
 under each block (32 / 64 rows), forward and backward ``num_warps`` (4 / 8) and
-``num_stages`` (1-3): its forward, dq and dk/dv kernels' own times.
+``num_stages`` (1-3): its forward, dq and dk/dv kernels' own times. ``--dense_defaults`` times
+only the kernel's default setting (``lion_dense.BLOCK``, ``NUM_WARPS``, ``NUM_STAGES``), one
+compilation per case instead of 24.
 """
 
 import argparse
@@ -43,6 +45,9 @@ from experiments.bench_kernels import causal_per_feature, inputs, time_jax  # no
 from pallas_kernels.bidirectional import (MAX_ONE_KERNEL_DIM, bidirectional_scan,  # noqa: E402
                                           lion_backward)
 from pallas_kernels.causal_backward import causal_backward  # noqa: E402
+from pallas_kernels.lion_dense import BLOCK as DENSE_BLOCK  # noqa: E402
+from pallas_kernels.lion_dense import NUM_STAGES as DENSE_STAGES  # noqa: E402
+from pallas_kernels.lion_dense import NUM_WARPS as DENSE_WARPS  # noqa: E402
 from pallas_kernels.two_pass import chunk_scan_two_pass  # noqa: E402
 
 OPS = {"causal": pallas_kernels.causal_linear_attention,
@@ -133,9 +138,10 @@ DENSE_CASES = {
 }
 
 
-def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=3, dim=64):
-    """Prints lion_dense's kernel times (ms) at ViT-T's shape under every launch setting, for
-    each of ``cases`` (keys of :data:`DENSE_CASES`)."""
+def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=3, dim=64,
+                   sweep=True):
+    """Prints lion_dense's kernel times (ms) at ViT-T's shape under every launch setting
+    (``sweep=False``: the default one), for each of ``cases`` (keys of :data:`DENSE_CASES`)."""
     from lion_jax.models.vit import token_orders
 
     keys = jax.random.split(jax.random.PRNGKey(0), 5)
@@ -150,7 +156,9 @@ def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=
         g, orders = inputs_of[case]
         print(f"== lion_dense at B={batch} L={length} H={heads} K=V={dim}, {DENSE_CASES[case]} "
               "(ms per call of each kernel)")
-        for block, fw, bw, st in itertools.product((32, 64), (4, 8), (4, 8), (1, 2, 3)):
+        settings = (itertools.product((32, 64), (4, 8), (4, 8), (1, 2, 3)) if sweep else
+                    [(DENSE_BLOCK, DENSE_WARPS, DENSE_WARPS, DENSE_STAGES)])
+        for block, fw, bw, st in settings:
             def fwd_bwd(q, k, v, g, settings=dict(block=block, num_warps=fw, backward_warps=bw,
                                                    num_stages=st, orders=orders)):
                 out, vjp = jax.vjp(lambda *a: pallas_kernels.lion_dense(*a, **settings), q, k,
@@ -179,6 +187,8 @@ def main():
                         help="time lion_dense's kernels at ViT-T's shape under each setting")
     parser.add_argument("--dense_cases", default=",".join(DENSE_CASES),
                         help="with --dense: which inputs, of " + ", ".join(DENSE_CASES))
+    parser.add_argument("--dense_defaults", action="store_true",
+                        help="with --dense: only lion_dense's default launch setting")
     args = parser.parse_args()
     unknown = set(args.ops.split(",")) - set(OPS)
     if unknown:
@@ -191,7 +201,7 @@ def main():
         raise SystemExit("profile_kernels needs a GPU (CUDA kernels are what it times)")
     if args.dense:
         print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}")
-        dense_settings(args.reps, cases)
+        dense_settings(args.reps, cases, sweep=not args.dense_defaults)
         return
     rng = np.random.default_rng(0)
     print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, B={args.batch} "
