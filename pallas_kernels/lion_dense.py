@@ -305,8 +305,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, orde
                     normalize, eps, precision, split, low):
     """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v ``[Lp, Vp]``; ``decay`` refs of A
     ``[Lp]`` (``orders`` groups); then y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part
-    ``[Lp, Vp]`` (``low``). ``split``: P in two 16-bit parts for ``P V``. ``tables`` (the
-    positions tables) matters only to the backward: the forward's mask has no sign."""
+    ``[Lp, Vp]`` (``low``). ``split``: P in two 16-bit parts for ``P V``. ``tables``: the
+    number of positions tables (one per given order; none for the token order, whose mask
+    off the diagonal block is :func:`_separable_mask`)."""
     refs = list(refs)
     a_refs = [refs.pop(0) for _ in range(decay)]
     y_ref = refs.pop(0)
@@ -421,7 +422,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, 
     """One (b, h, key block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of A
     ``[Lp]`` and the positions tables, as :func:`_dq_kernel`; den, dden ``[Lp]`` (normalize);
     then dk ``[Lp, Kp]``, dv ``[Lp, Vp]``, the column part of each order's dA ``[Lp]``
-    (decay)."""
+    (decay). ``split``: in the token order with decay, dk's step takes dS in two 16-bit parts
+    (it also gives dA off the diagonal block, :func:`_off_diagonal_da`)."""
     refs = list(refs)
     a_refs = [refs.pop(0) for _ in range(decay)]
     pos_refs = [refs.pop(0) for _ in range(tables)]
