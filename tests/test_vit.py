@@ -46,6 +46,26 @@ def test_orders_are_permutations_and_invert(rng, rows, cols, name):
         assert full[0][0] == 0 and sorted(full[0].tolist()) == list(range(rows * cols + 1))
 
 
+@pytest.mark.parametrize("name", ["s", "s_v2"])
+def test_lion_pallas_agrees_with_attention(rng, name):
+    """impl="pallas" (``lion_dense``, in the Pallas interpreter on CPU) at 193 tokens (blocks
+    of 64 rows, so the mask off the diagonal block and the diagonal one both count) against
+    impl="attention": logits and the gradients of every parameter, float32."""
+    x = images(rng, 2, 48, 64)  # 12 x 16 patches and the CLS
+    params = model(name).init(jax.random.key(int(rng.integers(2**31))), x, train=False)
+
+    def run(impl):
+        net = model(name, mixer=MIXERS[name][1] | dict(impl=impl))
+        loss = lambda p: jnp.sum(jnp.sin(net.apply(p, x, train=False)))  # noqa: E731
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    (got, got_grads), (want, want_grads) = run("pallas"), run("attention")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+        assert np.all(np.isfinite(a))
+        assert np.linalg.norm(a - b) <= 1e-4 * (np.linalg.norm(b) + 1e-6)
+
+
 @pytest.mark.parametrize("name", ["s", "s_v2", "d"])
 def test_lion_logits_agree_across_impls(rng, name):
     x = images(rng, 2, 12, 16)  # 3 x 4 patches: 13 tokens with the CLS
