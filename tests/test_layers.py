@@ -273,11 +273,11 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     of float32 before the per-head output norm (120 seeds of every variant, 520 of retnet,
     2026-11-30: at most 8.6e-3 but for xlstm) and within 5e-2 after it (the layer's output; at
     most 2.6e-2, in 520 seeds of xlstm). A LayerNorm over a head's V outputs amplifies their bf16
-    rounding by its mean over its spread, large where a head's outputs are nearly equal. xlstm
-    is checked after its norm alone: its bare output ``num / max(den, 1)`` sums signed scores
-    (identity features) weighted by input gates up to ``e^15``, and where ``den < 1`` nothing
-    divides the cancellation out, so the rounding of q and k is amplified (seed 3153 of the
-    sweep: 9.6e-2 bare, 1.2e-2 after the norm the variant applies)."""
+    rounding by its mean over its spread, large where a head's outputs are nearly equal. xlstm's
+    bare output has a looser bound, 2e-1: ``num / max(den, 1)`` sums signed scores (identity
+    features) weighted by input gates up to ``e^15``, and where ``den < 1`` nothing divides the
+    cancellation out, so the rounding of q and k is amplified (seed 3153 of the sweep: 9.6e-2
+    bare, the sweep's largest, and 1.2e-2 after the norm the variant applies)."""
     x = normal(rng, B, L, D)
     layer = functools.partial(make_layer, variant, decay_shape, impl="attention", value_dim=16)
     params = layer().init(jax_key(rng), x)
@@ -285,13 +285,11 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     y16 = layer(dtype=jnp.bfloat16).apply(params, x)
     assert y16.dtype == jnp.bfloat16 and y32.dtype == jnp.float32
     assert np.all(np.isfinite(y16)) and rel_err(y16, y32) < 5e-2
-    if variant == "xlstm":
-        return
     bare = functools.partial(layer, output_norm=False)
     bare_params = {"params": {name: p for name, p in nn.unbox(params)["params"].items()
                               if name != "output_norm"}}
     assert rel_err(bare(dtype=jnp.bfloat16).apply(bare_params, x),
-                   bare().apply(bare_params, x)) < 2e-2  # = relative RMS error
+                   bare().apply(bare_params, x)) < (2e-1 if variant == "xlstm" else 2e-2)
 
 
 # --- configuration and parameters --------------------------------------------------------------
