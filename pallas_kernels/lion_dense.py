@@ -302,12 +302,12 @@ def _positions(pos_refs, start, rows, length):
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, orders, tables,
-                    normalize, eps, precision, split, low):
+                    separable, normalize, eps, precision, split, low):
     """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v ``[Lp, Vp]``; ``decay`` refs of A
     ``[Lp]`` (``orders`` groups); then y ``[Lp, Vp]``, den ``[Lp]`` (normalize), y's low part
     ``[Lp, Vp]`` (``low``). ``split``: P in two 16-bit parts for ``P V``. ``tables``: the
-    number of positions tables (one per given order; none for the token order, whose mask
-    off the diagonal block is :func:`_separable_mask`)."""
+    number of positions tables (the backward's). ``separable``: the token order's mask, off
+    the diagonal block :func:`_separable_mask` (``_Config.separable``)."""
     refs = list(refs)
     a_refs = [refs.pop(0) for _ in range(decay)]
     y_ref = refs.pop(0)
@@ -317,7 +317,6 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, orde
     f32 = jnp.float32
     dtype = q_ref.dtype
     dot = functools.partial(pltriton.dot, precision=precision)
-    separable = decay and orders == 1 and not tables  # the token order: _separable_mask
     start = pl.program_id(0) % -(-length // block) * block  # this program's block
     q = _load(q_ref, start, block, length, K)
     a_q = _load_a(a_refs, start, block, length, orders)
@@ -352,7 +351,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, length, dims, block, decay, orde
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, orders,
-               tables, normalize, eps, precision, split):
+               tables, separable, normalize, eps, precision, split):
     """One (b, h, query block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of
     A ``[Lp]`` (``orders`` groups), ``tables`` positions tables ``[Lp]`` (one per order when
     the orders are given, none for the token order); y ``[Lp, Vp]``, den ``[Lp]``
@@ -384,7 +383,6 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, o
         _store(dden_ref, start, block, length, dden)
     dq = jnp.zeros((block, q_ref.shape[-1]), f32)
     das = [jnp.zeros((block,), f32) for _ in da_refs]
-    separable = decay and orders == 1 and not tables
     for s0, n in _steps(length, block):
         k = _load(k_ref, s0, n, length, K)
         ds = dot(dy, _load(v_ref, s0, n, length, V), trans_b=True)  # dP, then dS
@@ -418,7 +416,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, o
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, orders,
-                tables, normalize, eps, precision, split):
+                tables, separable, normalize, eps, precision, split):
     """One (b, h, key block). Refs: q, k ``[Lp, Kp]``; v, dy ``[Lp, Vp]``; ``decay`` refs of A
     ``[Lp]`` and the positions tables, as :func:`_dq_kernel`; den, dden ``[Lp]`` (normalize);
     then dk ``[Lp, Kp]``, dv ``[Lp, Vp]``, the column part of each order's dA ``[Lp]``
@@ -442,7 +440,6 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, *refs, length, dims, block, decay, 
     dk = jnp.zeros((block, k_ref.shape[-1]), f32)
     dv = jnp.zeros((block, v_ref.shape[-1]), f32)
     das = [jnp.zeros((block,), f32) for _ in da_refs]
-    separable = decay and orders == 1 and not tables
     for s0, n in _steps(length, block):
         q = _load(q_ref, s0, n, length, K)
         dy = _load(dy_ref, s0, n, length, V)
@@ -504,6 +501,12 @@ class _Config:
     num_stages: int
 
     @property
+    def separable(self):
+        """Decay in the token order (one order, no positions table): off the diagonal block
+        the kernels take :func:`_separable_mask` and :func:`_off_diagonal_da`."""
+        return bool(self.decay) and self.orders == 1 and not self.positions
+
+    @property
     def blocks(self):
         return -(-self.L // self.block)
 
@@ -515,6 +518,7 @@ class _Config:
         kernel = functools.partial(
             kernel, length=self.L, dims=self.dims, block=self.block, decay=self.decay,
             orders=self.orders, tables=len(self.positions) if self.decay else 0,
+            separable=self.separable,
             normalize=self.normalize, eps=self.eps,
             precision=jax.lax.Precision.HIGHEST if self.f32 else None, **kwargs)
         return pl.pallas_call(
