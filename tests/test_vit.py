@@ -50,7 +50,10 @@ def test_orders_are_permutations_and_invert(rng, rows, cols, name):
 def test_lion_pallas_agrees_with_attention(rng, name):
     """impl="pallas" (``lion_dense``, in the Pallas interpreter on CPU) at 193 tokens (blocks
     of 64 rows, so the mask off the diagonal block and the diagonal one both count) against
-    impl="attention": logits and the gradients of every parameter, float32."""
+    impl="attention": logits and the gradients of every parameter, float32. Each gradient's
+    error is measured against the whole gradient's norm, as in tests/test_layers.py: the decay
+    gate's bias sums d log_decay over every token, which cancels (s_v2, one clean-clone run:
+    its own relative error 1.4e-4, 2.9e-6 in absolute terms)."""
     x = images(rng, 2, 48, 64)  # 12 x 16 patches and the CLS
     params = model(name).init(jax.random.key(int(rng.integers(2**31))), x, train=False)
 
@@ -61,9 +64,12 @@ def test_lion_pallas_agrees_with_attention(rng, name):
 
     (got, got_grads), (want, want_grads) = run("pallas"), run("attention")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    scale = np.sqrt(sum(np.sum(np.square(np.asarray(b, np.float64)))
+                        for b in jax.tree.leaves(want_grads)))
     for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
         assert np.all(np.isfinite(a))
-        assert np.linalg.norm(a - b) <= 1e-4 * (np.linalg.norm(b) + 1e-6)
+        err = np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+        assert err <= 1e-5 * scale
 
 
 @pytest.mark.parametrize("name", ["s", "s_v2", "d"])
