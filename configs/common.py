@@ -123,7 +123,7 @@ def lra_lion_s_mixer():
         # None unless set (placeholders, so the command line can set them): a LayerNorm per
         # head's outputs (None: the variant's default), RoPE's base for rotated scores
         output_norm=config_dict.placeholder(bool), rope_base=config_dict.placeholder(float),
-        rope_learned=False))
+        rope_learned=False, feedthrough=False))
 
 
 def lra_model(*, d_model, num_layers, num_heads=8, dropout=0.0, max_len,
@@ -173,7 +173,8 @@ def apply_lra_variant(c, variant, s5_channel_mixer="half_glu"):
         c.model.mixer_kind = "s5"
         c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1),
                                                         real_eigenvalues=False,
-                                                        tied_readout=False))
+                                                        tied_readout=False,
+                                                        feedthrough=True))
         c.label = "S5"
     elif variant == "v2":
         c.model.orders = ("row_snake", "col_snake")

@@ -626,6 +626,20 @@ def test_complex_hippo_decay_init_and_padding(rng):
         layer.apply(params, x, orders=[np.arange(L)])
 
 
+def test_feedthrough_adds_s5s_skip(rng):
+    """``feedthrough=True`` adds ``D * x`` (the parameter ``feedthrough [D]``, N(0, 1)) to the
+    mixer's output and changes nothing else."""
+    x = normal(rng, B, L, D)
+    plain = make_layer("s", "scalar", impl="attention")
+    layer = make_layer("s", "scalar", impl="attention", feedthrough=True)
+    params = nn.unbox(layer.init(jax_key(rng), x))
+    d = params["params"]["feedthrough"]
+    assert d.shape == (D,) and 0.3 < float(jnp.std(d)) < 3.0
+    rest = {"params": {k: v for k, v in params["params"].items() if k != "feedthrough"}}
+    y = layer.apply(params, x)
+    assert rel_err(y, plain.apply(rest, x) + d * x) < 1e-6
+
+
 def test_decay_init_follows_retnet_schedule():
     lam = 1.0 / (1.0 + np.exp(-decay_logits(8, (5.0, 12.0))))
     np.testing.assert_allclose(lam, 1.0 - 2.0 ** (-5.0 - np.arange(8)), rtol=1e-12)

@@ -33,17 +33,19 @@ def _reference(p, u):
         for t in order:
             state = lam_bar * state + u[:, t] @ b_bar.T
             y[:, t] += (state @ cw.T).real
-    return y + np.asarray(p["D"], np.float64) * u
+    return y + np.asarray(p.get("D", 0.0), np.float64) * u
 
 
-@pytest.mark.parametrize("real_eigenvalues,tied_readout", [(False, False), (False, True),
-                                                          (True, False), (True, True)])
-def test_matches_the_recurrence(rng, real_eigenvalues, tied_readout):
+@pytest.mark.parametrize("real_eigenvalues,tied_readout,feedthrough", [
+    (False, False, True), (False, True, True), (True, False, True), (True, True, True),
+    (False, True, False)])
+def test_matches_the_recurrence(rng, real_eigenvalues, tied_readout, feedthrough):
     x = jnp.asarray(rng.standard_normal((B, L, D)), jnp.float32)
     layer = S5Mixer(num_heads=H, head_dim=N, real_eigenvalues=real_eigenvalues,
-                    tied_readout=tied_readout)
+                    tied_readout=tied_readout, feedthrough=feedthrough)
     p = nn.unbox(_params(layer, x, rng))["params"]
     assert ("lambda_im" in p) != real_eigenvalues and ("C_backward" in p) != tied_readout
+    assert ("D" in p) == feedthrough
     y = layer.apply({"params": p}, x)
     assert y.shape == x.shape and y.dtype == jnp.float32
     expected = _reference(p, np.asarray(x, np.float64))

@@ -193,6 +193,10 @@ class LionAttention(nn.Module):
       rope_base: None, or RoPE's frequency base for rotated scores (above; bidirectional,
         unnormalised, even ``K``).
       rope_learned: learn the rotation frequencies (needs ``rope_base``, their init).
+      feedthrough: add S5's ``D * x`` to the output (``D [dim]``, the parameter
+        ``feedthrough``, N(0, 1) as S5 draws it): not LION's; with it a LION mixer holds
+        everything S5's layer has (:class:`lion_jax.layers.s5.S5Mixer`), which the Pathfinder
+        runs compare (docs/benchmarks.md).
       dtype: compute dtype of the projections and op inputs. param_dtype: parameter dtype.
     """
 
@@ -221,6 +225,7 @@ class LionAttention(nn.Module):
     init_std: float | None = None
     rope_base: float | None = None
     rope_learned: bool = False
+    feedthrough: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -611,4 +616,8 @@ class LionAttention(nn.Module):
                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None, None)),
                 name="output_norm")(y)
         y = self._dense(D, ("heads", "embed"), "out")(y.reshape(B, L, -1))
+        if self.feedthrough:
+            d = self.param("feedthrough", nn.with_logical_partitioning(
+                nn.initializers.normal(1.0), ("embed",)), (D,), self.param_dtype)
+            y = (y + d * x.astype(float_dtype)).astype(y.dtype)
         return (y, state) if return_state else y

@@ -19,7 +19,8 @@ log-uniform in ``dt_range``; ``D`` standard normal. ``Re(Lambda)`` is kept negat
 ``real_eigenvalues=True`` is the ablation without oscillation: ``Lambda = -1/2`` (learnable
 real parts, no imaginary parts), the same bases and steps. ``tied_readout=True`` reads both
 walks with one ``C`` (``C_b = C_f``): with real eigenvalues the layer is then a symmetric
-filter, as LION's mask is.
+filter, as LION's mask is. ``feedthrough=False`` drops ``D * u`` (no ``D``), leaving the walks
+alone, as LION's mixer has no such term.
 
 Shapes: ``x [B, L, D] -> [B, L, D]``; ``mask [B, L]`` (True = real token, a prefix per row):
 padding enters neither walk, so real tokens' outputs do not depend on it.
@@ -52,6 +53,7 @@ class S5Mixer(nn.Module):
       dt_range: range of the log-uniform initial steps ``Delta``.
       real_eigenvalues: drop the eigenvalues' imaginary parts (module docstring).
       tied_readout: one ``C`` for both walks (module docstring).
+      feedthrough: keep S5's ``D * u`` term (module docstring).
       dtype: the output's dtype (None: the input's); the walks run in float32.
       param_dtype: float32.
     """
@@ -61,6 +63,7 @@ class S5Mixer(nn.Module):
     dt_range: tuple[float, float] = (0.001, 0.1)
     real_eigenvalues: bool = False
     tied_readout: bool = False
+    feedthrough: bool = True
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -115,7 +118,6 @@ class S5Mixer(nn.Module):
             return self._complex_param(name, c_init, (D, P), lambda c0: c0 @ basis)
         c_forward = readout("C_forward")
         c_backward = c_forward if self.tied_readout else readout("C_backward")
-        d = self._param("D", nn.initializers.normal(1.0), (D,))
 
         lam = jax.lax.complex(-jnp.exp(log_re), jnp.broadcast_to(im, log_re.shape))
         step = jnp.exp(log_step)
@@ -127,4 +129,6 @@ class S5Mixer(nn.Module):
         drive = jnp.einsum("bld,pd->blp", u.astype(jnp.complex64), b_bar)
         y = sum(jnp.einsum("blp,dp->bld", _walk(lam_bar, drive, reverse), cw).real
                 for reverse, cw in ((False, c_forward), (True, c_backward)))
-        return (y + d * u).astype(self.dtype or x.dtype)
+        if self.feedthrough:
+            y = y + self._param("D", nn.initializers.normal(1.0), (D,)) * u
+        return y.astype(self.dtype or x.dtype)
