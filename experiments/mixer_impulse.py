@@ -28,14 +28,19 @@ from experiments.errors import UserError
 from lion_jax.layers.block import make_mixer, model_mixer_kwargs
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file, path.py[:variant].",
-                                lock_config=True)
-flags.DEFINE_integer("length", 1024, "Sequence length of the input.")
-flags.DEFINE_integer("token", None, "The output token t whose Jacobian is taken "
-                     "(default: the middle one).")
-flags.DEFINE_string("lags", "-512,-256,-64,-32,-8,-1,0,1,8,32,64,256,511",
-                    "Comma-separated lags d (the input token is t + d).")
-flags.DEFINE_integer("seeds", 3, "Initialisations and inputs averaged.")
+
+
+def define_flags():
+    """The command line's flags; defined only when run as a program, so that importing this
+    module (tests, notebooks) does not clash with other programs' flags of the same name."""
+    config_flags.DEFINE_config_file("config", None, "Config file, path.py[:variant].",
+                                    lock_config=True)
+    flags.DEFINE_integer("length", 1024, "Sequence length of the input.")
+    flags.DEFINE_integer("token", None, "The output token t whose Jacobian is taken "
+                         "(default: the middle one).")
+    flags.DEFINE_string("lags", "-512,-256,-64,-32,-8,-1,0,1,8,32,64,256,511",
+                        "Comma-separated lags d (the input token is t + d).")
+    flags.DEFINE_integer("seeds", 3, "Initialisations and inputs averaged.")
 
 
 def mixer_of(model_config):
@@ -101,4 +106,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

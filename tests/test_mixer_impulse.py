@@ -68,3 +68,10 @@ def test_bad_arguments_are_one_error_line(args, message):
         timeout=300)
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr
+
+
+def test_importing_defines_no_flags():
+    """Importing the module (as this test file does) leaves the flags to the programs that
+    define the same names (``--config``: experiments.train)."""
+    from absl import flags
+    assert "lags" not in flags.FLAGS and "seeds" not in flags.FLAGS
