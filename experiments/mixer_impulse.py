@@ -46,7 +46,12 @@ def define_flags():
 def mixer_of(model_config):
     """``(mixer module, d_model)`` for one layer of ``model_config`` (a config's ``model``),
     its dtypes float32."""
-    d_model = model_config.d_model
+    d_model = model_config.get("d_model") or 0
+    if d_model <= 0 or (model_config.get("num_heads") or 0) <= 0:
+        raise ValueError(
+            f"d_model and num_heads must be set in the config (got {d_model} and "
+            f"{model_config.get('num_heads')}); configs that size their model from "
+            "model.size when it is built (MLM, LM) are not read here")
     kwargs = model_mixer_kwargs("mixer_impulse", model_config.get("mixer_kind", "lion"),
                                 dict(model_config.mixer), d_model=d_model,
                                 num_heads=model_config.num_heads,

@@ -60,6 +60,7 @@ def test_command_line_prints_the_table():
     (["--lags", "1,x"], "--lags must be comma-separated integers"),
     (["--length", "10", "--lags", "-6,0"], "reaches outside the 10 tokens"),
     (["--config.model.mixer.variant=bogus"], "unknown variant 'bogus'"),
+    (["--config", "configs/mlm/c4.py"], "d_model and num_heads must be set"),
 ])
 def test_bad_arguments_are_one_error_line(args, message):
     result = subprocess.run(
