@@ -21,16 +21,15 @@ the embedded and tfds sources, where that does not move the evaluation split's d
 """
 
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments.checkpointing import load_best_run
-from experiments.errors import UserError
+from experiments.errors import UserError, run_program
 from experiments.tasks import get_task
 
 FLAGS = flags.FLAGS
@@ -141,29 +140,24 @@ def table(rows, meta):
     return "\n".join(lines)
 
 
-def main(argv):
-    del argv
+def run():
+    """Parses the flags, evaluates, prints (module docstring)."""
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+    if not FLAGS.workdir or not FLAGS.lengths:
+        raise UserError("give --workdir and --lengths (e.g. --lengths 128,256,512)")
     try:
-        if not FLAGS.workdir or not FLAGS.lengths:
-            raise UserError("give --workdir and --lengths (e.g. --lengths 128,256,512)")
-        try:
-            lengths = [int(n) for n in FLAGS.lengths]
-        except ValueError:
-            raise UserError(f"--lengths must be integers; got {FLAGS.lengths}") from None
-        if any(n < 3 for n in lengths):
-            raise UserError(f"--lengths must be >= 3 ([CLS] and [SEP] included); got {lengths}")
-        rows, meta = evaluate_lengths(FLAGS.workdir, lengths, FLAGS.split, FLAGS.batch_size,
-                                      log=lambda line: print(line, flush=True))
-        print("\n" + table(rows, meta))
-        if FLAGS.out:
-            with open(FLAGS.out, "w") as f:
-                json.dump({**meta, "results": rows}, f, indent=1)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        lengths = [int(n) for n in FLAGS.lengths]
+    except ValueError:
+        raise UserError(f"--lengths must be integers; got {FLAGS.lengths}") from None
+    if any(n < 3 for n in lengths):
+        raise UserError(f"--lengths must be >= 3 ([CLS] and [SEP] included); got {lengths}")
+    rows, meta = evaluate_lengths(FLAGS.workdir, lengths, FLAGS.split, FLAGS.batch_size,
+                                  log=lambda line: print(line, flush=True))
+    print("\n" + table(rows, meta))
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            json.dump({**meta, "results": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    run_program(define_flags, run)

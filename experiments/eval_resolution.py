@@ -13,14 +13,13 @@ positions, stored for the training grid, are resized bilinearly to each new grid
 (``lion_jax.models.vit``). Resolutions must be multiples of the patch size.
 """
 
-import sys
 
 import jax
 import ml_collections
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments.checkpointing import load_best_run
-from experiments.errors import UserError
+from experiments.errors import UserError, run_program
 from experiments.tasks import get_task
 from experiments.trainer import evaluate_split, make_eval_step
 
@@ -83,37 +82,32 @@ def table(rows, workdir, step, train_resolution, split):
     return "\n".join(lines)
 
 
-def main(argv):
-    del argv
+def run():
+    """Parses the flags, evaluates, prints (module docstring)."""
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+    if not FLAGS.workdir or not FLAGS.resolutions:
+        raise UserError("give --workdir and --resolutions (e.g. --resolutions 32,48,64)")
     try:
-        if not FLAGS.workdir or not FLAGS.resolutions:
-            raise UserError("give --workdir and --resolutions (e.g. --resolutions 32,48,64)")
-        try:
-            resolutions = [int(r) for r in FLAGS.resolutions]
-        except ValueError:
-            raise UserError(f"--resolutions must be integers; got {FLAGS.resolutions}") from None
-        config, step, params = load_run(FLAGS.workdir)
-        patch = config.model.patch_size
-        bad = [r for r in resolutions if r % patch or r < patch]
-        if bad:
-            raise UserError(f"resolutions {bad} are not multiples of the patch size {patch}")
-        rows = []
-        for resolution in resolutions:
-            metrics = evaluate(config, params, resolution, FLAGS.split, FLAGS.batch_size)
-            rows.append((resolution, (resolution // patch) ** 2, metrics))
-            print(f"{resolution} px: accuracy {metrics['accuracy']:.4f}, loss "
-                  f"{metrics['loss']:.4f}", flush=True)
-        text = table(rows, FLAGS.workdir, step, training_resolution(config), FLAGS.split)
-        print("\n" + text)
-        if FLAGS.output:
-            with open(FLAGS.output, "w") as f:
-                f.write(text + "\n")
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        resolutions = [int(r) for r in FLAGS.resolutions]
+    except ValueError:
+        raise UserError(f"--resolutions must be integers; got {FLAGS.resolutions}") from None
+    config, step, params = load_run(FLAGS.workdir)
+    patch = config.model.patch_size
+    bad = [r for r in resolutions if r % patch or r < patch]
+    if bad:
+        raise UserError(f"resolutions {bad} are not multiples of the patch size {patch}")
+    rows = []
+    for resolution in resolutions:
+        metrics = evaluate(config, params, resolution, FLAGS.split, FLAGS.batch_size)
+        rows.append((resolution, (resolution // patch) ** 2, metrics))
+        print(f"{resolution} px: accuracy {metrics['accuracy']:.4f}, loss "
+              f"{metrics['loss']:.4f}", flush=True)
+    text = table(rows, FLAGS.workdir, step, training_resolution(config), FLAGS.split)
+    print("\n" + text)
+    if FLAGS.output:
+        with open(FLAGS.output, "w") as f:
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    run_program(define_flags, run)

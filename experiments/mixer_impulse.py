@@ -16,15 +16,14 @@ between vertical neighbours of a 32x32 image, hundreds along a Pathfinder path),
 output is small beside the residual stream (RMS 1), starts far from using that context.
 """
 
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from experiments.errors import UserError
+from experiments.errors import UserError, run_program
 from lion_jax.layers.block import make_mixer, model_mixer_kwargs
 
 FLAGS = flags.FLAGS
@@ -101,15 +100,5 @@ def run():
     print(f"output RMS {rms:.3g} (input RMS 1)")
 
 
-def main(argv):
-    del argv
-    try:
-        run()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    run_program(define_flags, run)
