@@ -13,7 +13,6 @@ positions, stored for the training grid, are resized bilinearly to each new grid
 (``lion_jax.models.vit``). Resolutions must be multiples of the patch size.
 """
 
-
 import jax
 import ml_collections
 from absl import flags, logging

@@ -16,7 +16,6 @@ between vertical neighbours of a 32x32 image, hundreds along a Pathfinder path),
 output is small beside the residual stream (RMS 1), starts far from using that context.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,12 +50,11 @@ def mixer_of(model_config):
             f"d_model and num_heads must be set in the config (got {d_model} and "
             f"{model_config.get('num_heads')}); configs that size their model from "
             "model.size when it is built (MLM, LM) are not read here")
-    kwargs = model_mixer_kwargs("mixer_impulse", model_config.get("mixer_kind", "lion"),
-                                dict(model_config.mixer), d_model=d_model,
+    kind = model_config.get("mixer_kind", "lion")
+    kwargs = model_mixer_kwargs("mixer_impulse", kind, dict(model_config.mixer), d_model=d_model,
                                 num_heads=model_config.num_heads,
                                 head_dim=model_config.get("head_dim"))
-    kwargs.update(dtype=jnp.float32)
-    return make_mixer(model_config.get("mixer_kind", "lion"), parent=None, **kwargs), d_model
+    return make_mixer(kind, parent=None, **dict(kwargs, dtype=jnp.float32)), d_model
 
 
 def impulse(mixer, d_model, length, token, lags, seed):
