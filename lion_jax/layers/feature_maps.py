@@ -21,6 +21,7 @@ Names and where the paper uses them:
 - ``identity``: no feature map (RetNet, xLSTM's mLSTM).
 """
 
+import functools
 from typing import Callable
 
 import jax
@@ -78,3 +79,20 @@ def get_feature_map(name: str) -> FeatureMap:
     except KeyError:
         raise ValueError(
             f"unknown feature map {name!r}; valid names: {sorted(FEATURE_MAPS)}") from None
+
+
+# The maps with a Pallas kernel (pallas_kernels.feature_map), by their shift.
+_KERNEL_SHIFTS = {"silu_l2": _SILU_SHIFT, "silu_l2_noshift": 0.0}
+
+
+def kernel_feature_map(name: str) -> FeatureMap | None:
+    """Feature map ``name`` as a one-pass Pallas kernel (``pallas_kernels.feature_map``; the
+    result in its input's dtype, computed in float32) when the default backend is a GPU and
+    the map has one (``silu_l2``, ``silu_l2_noshift``); else None."""
+    if name not in _KERNEL_SHIFTS or jax.default_backend() != "gpu":
+        return None
+    try:
+        from pallas_kernels import feature_map
+    except ImportError:
+        return None
+    return functools.partial(feature_map.silu_l2, shift=_KERNEL_SHIFTS[name], eps=_L2_EPS)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lion_jax import ops
-from lion_jax.layers.feature_maps import get_feature_map
+from lion_jax.layers.feature_maps import get_feature_map, kernel_feature_map
 from lion_jax.layers.rotary import rope, rope_frequencies
 from lion_jax.layers.hippo import (complex_value_init, hippo_log_decays, hippo_normal,
                                    zoh_value_scales)
@@ -358,6 +358,18 @@ class LionAttention(nn.Module):
         """The HiPPO init's log-decays, ``[H, channels per head]`` (float64)."""
         return hippo_log_decays(self.num_heads, self._decay_channels()[0], self.hippo_dt_range)
 
+    def _features(self, x, float_dtype):
+        """``phi(x)`` of the projections ``x [B, L, H, K]`` in ``float_dtype``, except where
+        the feature map's Pallas kernel takes it (:func:`kernel_feature_map`: ``silu_l2`` on a
+        GPU) with a 16-bit compute dtype, ``impl`` ``"auto"`` or ``"pallas"``, SCALE and no
+        rotation, so that only the op follows: then one pass each way (XLA takes two
+        reductions and two passes), the result in the compute dtype the op takes."""
+        kernel = kernel_feature_map(self.feature_map_name)
+        if (kernel is not None and x.dtype != float_dtype and self.impl in ("auto", "pallas")
+                and self.scaled and self.rope_base is None):
+            return kernel(x)
+        return get_feature_map(self.feature_map_name)(x.astype(float_dtype))
+
     def _complex_decay(self):
         """``decay_init="hippo_complex"``: S5's discretised eigenvalues ``Lambda dt`` per value
         channel as ``(real, imaginary)`` parts ``[H * V]`` each, and the ZOH factors
@@ -534,7 +546,8 @@ class LionAttention(nn.Module):
         reference averages the masks): the op's ``orders`` (:func:`lion_jax.ops.lion_attention`).
 
         Sows ``(q, k, v, log_decay, key_scale)`` into the ``'intermediates'`` collection as
-        ``mixer_inputs``: ``q, k [B, L, H, K]`` (>= float32) after the feature map, the
+        ``mixer_inputs``: ``q, k [B, L, H, K]`` after the feature map (>= float32; the
+        compute dtype where its kernel ran, :meth:`_features`), the
         ``K**-0.5`` scale and the rotation, ``v [B, L, H, V]``, decays as returned by
         :meth:`_decays`, padding applied; the op then sees ``k * key_scale``. With
         ``decay_init="hippo_complex"``, ``v`` and ``log_decay`` are the op's ``[B, L, H, 2V]``
@@ -571,9 +584,8 @@ class LionAttention(nn.Module):
             # rope turns the pairs (c, c + V), i.e. (real, imaginary), by positions * freqs
             v = rope(v, positions, freqs=-theta).astype(compute_dtype)  # [B, L, H, 2V]
 
-        phi = get_feature_map(self.feature_map_name)
-        q = phi(q.reshape(B, L, H, K).astype(float_dtype))
-        k = phi(k.reshape(B, L, H, K).astype(float_dtype))
+        q = self._features(q.reshape(B, L, H, K), float_dtype)
+        k = self._features(k.reshape(B, L, H, K), float_dtype)
         if not self.scaled:
             q = q * K ** -0.5
         log_decay, key_scale = self._decays(x, float_dtype, complex_decay)

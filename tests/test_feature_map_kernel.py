@@ -1,0 +1,117 @@
+"""pallas_kernels.feature_map (the one-pass silu_l2 kernels) against the XLA feature maps of
+lion_jax.layers.feature_maps in float64, forward and gradient, and LionAttention's use of it.
+CPU (default): the Pallas interpreter. GPU: ``LION_TEST_GPU=1 pytest
+tests/test_feature_map_kernel.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lion_jax.layers import feature_maps
+from lion_jax.layers import lion as lion_module
+from pallas_kernels import feature_map
+
+ON_GPU = jax.default_backend() == "gpu"
+TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3}  # ARCHITECTURE.md section 6
+MAPS = {"silu_l2": 0.5, "silu_l2_noshift": 0.0}
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.all(np.isfinite(a)), "non-finite values in the kernel's result"
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def value_and_grad(fn, x, g):
+    y, vjp = jax.vjp(fn, x)
+    return y, vjp(g)[0]
+
+
+@pytest.mark.parametrize("name", list(MAPS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 37, 2, 24), (1, 131, 5), (2, 64), (7, 3, 100)],
+                         ids=["K24", "K5", "K64", "K100"])
+def test_matches_the_xla_map_in_float64(rng, name, dtype, shape):
+    """Random inputs at several scales, rows not a multiple of ``ROWS``, odd head dims: the
+    kernel's map and gradient against the XLA map in float64 (of the same rounded input)."""
+    scale = rng.choice([0.1, 1.0, 4.0])
+    x = jnp.asarray(rng.standard_normal(shape) * scale, dtype)
+    g = jnp.asarray(rng.standard_normal(shape), dtype)
+    y, dx = value_and_grad(lambda x: feature_map.silu_l2(x, shift=MAPS[name]), x, g)
+    assert y.dtype == dtype and dx.dtype == dtype and y.shape == shape
+    with jax.enable_x64(True):
+        y64, dx64 = value_and_grad(feature_maps.get_feature_map(name),
+                                   *(jnp.asarray(np.asarray(t, np.float64)) for t in (x, g)))
+    assert rel_err(y, y64) < TOL[dtype]
+    assert rel_err(dx, dx64) < TOL[dtype]
+
+
+def test_zero_rows_and_large_inputs_stay_finite(rng):
+    """Rows of zeros (``silu_l2_noshift``: u = 0, where eps keeps the map at 0 and its
+    gradient finite) and inputs of +-80 (the sigmoid's saturation)."""
+    x = rng.standard_normal((40, 16)) * 80.0
+    x[::3] = 0.0
+    x = jnp.asarray(x, jnp.float32)
+    g = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+    for name, shift in MAPS.items():
+        y, dx = value_and_grad(lambda x: feature_map.silu_l2(x, shift=shift), x, g)
+        y_ref, dx_ref = value_and_grad(feature_maps.get_feature_map(name), x, g)
+        assert np.all(np.isfinite(y)) and np.all(np.isfinite(dx))
+        np.testing.assert_allclose(y, y_ref, atol=1e-6)
+        np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_out_dtype_and_bad_inputs(rng):
+    x = jnp.asarray(rng.standard_normal((5, 8)), jnp.bfloat16)
+    y = feature_map.silu_l2(x, out_dtype=jnp.float32)
+    assert y.dtype == jnp.float32
+    ref = feature_maps.silu_l2(x.astype(jnp.float32))
+    np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="silu_l2: the last axis must be in"):
+        feature_map.silu_l2(jnp.zeros((2, 300)))
+    with pytest.raises(ValueError, match="silu_l2: x must be"):
+        feature_map.silu_l2(jnp.zeros((2, 3), jnp.int32))
+
+
+def test_kernel_feature_map_is_for_gpus_and_l2_maps():
+    assert feature_maps.kernel_feature_map("elu1") is None
+    assert (feature_maps.kernel_feature_map("silu_l2") is not None) == ON_GPU
+
+
+@pytest.mark.parametrize("kwargs,kernel_runs", [
+    (dict(), True), (dict(impl="chunk"), False), (dict(normalize=False), False),
+    (dict(dtype=jnp.float32), False)])
+def test_lion_attention_takes_the_kernel_where_only_the_op_follows(rng, monkeypatch, kwargs,
+                                                                   kernel_runs):
+    """With the kernel offered (as on a GPU; here the interpreter), a bf16 LION-S layer
+    (``impl="auto"``, SCALE) runs it and agrees with the XLA map's layer, output and
+    parameter gradients, at bf16's tolerance; other impls, no SCALE or a float32 compute
+    dtype keep the XLA map."""
+    calls = []
+
+    def offered(name):
+        calls.append(name)
+        return lambda x: feature_map.silu_l2(x, shift=MAPS[name], interpret=True)
+
+    layer = lion_module.LionAttention(**dict(dict(num_heads=2, head_dim=16, variant="s",
+                                                  dtype=jnp.bfloat16), **kwargs))
+    x = jnp.asarray(rng.standard_normal((2, 23, 32)), jnp.float32)
+    params = layer.init(jax.random.key(int(rng.integers(2 ** 31))), x)
+
+    def loss(params):
+        return jnp.sum(layer.apply(params, x).astype(jnp.float32) * x)
+
+    monkeypatch.setattr(lion_module, "kernel_feature_map", lambda name: None)
+    want, want_grads = jax.value_and_grad(loss)(params)
+    monkeypatch.setattr(lion_module, "kernel_feature_map", offered)
+    got, got_grads = jax.value_and_grad(loss)(params)
+    if not kernel_runs:
+        assert got == want and jax.tree.all(jax.tree.map(jnp.array_equal, got_grads, want_grads))
+        return
+    assert calls == ["silu_l2", "silu_l2"]
+    assert abs(float(got) - float(want)) < 2e-2 * abs(float(want)) + 1e-2
+    flat = lambda t: np.concatenate([np.ravel(np.asarray(a, np.float64))  # noqa: E731
+                                     for a in jax.tree.leaves(t)])
+    assert rel_err(flat(got_grads), flat(want_grads)) < 2e-2
