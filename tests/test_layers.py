@@ -210,6 +210,27 @@ def test_fixed_decay_is_per_head_power(rng):
     assert rel_err(y, output_projection(params, expected)) < 1e-5
 
 
+
+@pytest.mark.parametrize("impl", ["attention", "chunk"])
+def test_constant_features_leave_the_decay_mask_alone(rng, impl):
+    """``feature_map="constant"`` without SCALE: every score ``q_i . k_j`` is exactly 1, so
+    LION-D is ``y_i = sum_j lambda_h^|i - j| v_j`` (a fixed filter of the values), and the
+    query and key projections get no gradient."""
+    x = normal(rng, 1, 7, D)
+    layer = make_layer("d", "scalar", impl=impl, feature_map="constant", normalize=False)
+    params = layer.init(jax_key(rng), x)
+    (q, k, v, log_decay, _), y = mixer_inputs(layer, params, x)
+    np.testing.assert_allclose(np.einsum("bihk,bjhk->bhij", q, k), 1.0, rtol=1e-6)
+    lam = np.exp(log_decay[0, 0])  # [H]
+    dist = np.abs(np.arange(7)[:, None] - np.arange(7)[None, :])
+    expected = np.einsum("hij,bjhv->bihv", lam[:, None, None] ** dist, v)
+    assert rel_err(y, output_projection(params, expected)) < 1e-5
+    grads = nn.unbox(jax.jit(jax.grad(lambda p: jnp.sum(layer.apply(p, x) ** 2)))(params))
+    for name in ("query", "key"):
+        assert not np.any(np.asarray(grads["params"][name]["kernel"])), name
+    assert np.any(np.asarray(grads["params"]["value"]["kernel"]))
+
+
 # --- padding and causality ---------------------------------------------------------------------
 
 
@@ -662,6 +683,8 @@ def test_feature_maps(rng):
         jnp.zeros((3, 4)))))
     for name in ("sigmoid", "relu", "identity"):
         assert get_feature_map(name)(x).shape == x.shape
+    np.testing.assert_array_equal(get_feature_map("constant")(x), np.full(x.shape, 8 ** -0.25,
+                                                                          np.float32))
     with pytest.raises(ValueError, match="valid names.*elu1"):
         get_feature_map("softmax")
 

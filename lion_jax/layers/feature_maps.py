@@ -19,6 +19,11 @@ Names and where the paper uses them:
 - ``sigmoid``: LRA ablation [1] of paper Table 6 (bounded features, used without scaling).
 - ``relu``: LRA ablation [2] of paper Table 6.
 - ``identity``: no feature map (RetNet, xLSTM's mLSTM).
+- ``constant``: ``K**-0.25`` whatever the input (not a paper's map; a probe): every score is
+  ``sqrt(K)``, which an unscaled layer's ``K**-0.5`` on ``q`` makes exactly 1 (under SCALE
+  any constant cancels). The mixer is then its decay mask alone, a fixed linear filter of the
+  values (S5's kind of layer with LION-D's decays), and queries and keys get no gradient: it
+  separates what the mask does from what the scores do (docs/benchmarks.md, Pathfinder).
 """
 
 import functools
@@ -58,6 +63,11 @@ def identity(x: jnp.ndarray) -> jnp.ndarray:
     return x
 
 
+def constant(x: jnp.ndarray) -> jnp.ndarray:
+    """``K**-0.25`` everywhere, ``K = x.shape[-1]``: scores ``sqrt(K)`` independent of ``x``."""
+    return jnp.full_like(x, x.shape[-1] ** -0.25)
+
+
 FEATURE_MAPS: dict[str, FeatureMap] = {
     "elu1": elu1,
     "silu_l2": silu_l2,
@@ -65,6 +75,7 @@ FEATURE_MAPS: dict[str, FeatureMap] = {
     "sigmoid": jax.nn.sigmoid,
     "relu": jax.nn.relu,
     "identity": identity,
+    "constant": constant,
 }
 
 
