@@ -54,6 +54,7 @@ def base_config():
     c.optim.clip_norm = 1.0  # global gradient-norm clipping; 0 disables
     c.optim.ema_decay = 0.0  # EMA of parameters used for evaluation; 0 disables
     c.optim.decay_lr_factor = 1.0  # learning rate of the decay parameters, relative (S5: 0.2)
+    c.optim.lr_factors = ""  # "name=factor,...": relative learning rates by module/parameter name
 
     c.log_every = 50  # train metrics averaged over this many steps
     c.eval_every = 1000  # also at the last step; 0 = only at the last step

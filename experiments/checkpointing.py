@@ -55,7 +55,8 @@ class Checkpointer:
         step = self._latest.latest_step()
         if step is None:
             return None
-        saved, wanted = _shapes(self._latest.item_metadata(step)["state"]), _shapes(abstract_state)
+        metadata = self._latest.item_metadata(step)["state"]
+        saved, wanted = _shapes(metadata), _shapes(abstract_state)
         if saved != wanted:
             name = min((k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k)),
                        key=lambda k: (not k.startswith("params/"), k))  # params first
@@ -63,9 +64,17 @@ class Checkpointer:
                 f"checkpoint {step} in {self.latest_dir} does not fit this config: {name} has "
                 f"shape {saved.get(name, 'none')} there and {wanted.get(name, 'none')} here "
                 "(changed model or optimizer?); use a new --workdir")
+        # Restored in the saved tree, leaf by leaf path, then put into the wanted one: the two
+        # may differ in nodes that hold no array (e.g. an optimizer step with an empty state).
+        wanted_leaves = _by_path(abstract_state)
+        target = jax.tree_util.tree_map_with_path(
+            lambda path, _: wanted_leaves[_key(path)], metadata)
         restored = self._latest.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-        return restored.state, restored.meta
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        leaves = _by_path(restored.state)
+        state = jax.tree_util.tree_map_with_path(lambda path, _: leaves[_key(path)],
+                                                 abstract_state)
+        return state, restored.meta
 
     def restore_best_params(self):
         """``(step, params)`` of the best checkpoint, params as host arrays in the structure
@@ -124,7 +133,16 @@ def _manager(directory, max_to_keep, name):
                        "meta": ocp.JsonCheckpointHandler()})
 
 
+def _key(path):
+    """A leaf's path as ``"params/block_0/.../kernel"``."""
+    return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
+def _by_path(tree):
+    """``{path: leaf}`` of a tree's leaves (:func:`_key`)."""
+    return {_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def _shapes(tree):
     """{"params/block_0/.../kernel": shape} of a tree of arrays or array metadata."""
-    return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {key: tuple(leaf.shape) for key, leaf in _by_path(tree).items()}

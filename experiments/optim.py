@@ -27,6 +27,12 @@ parameters (eigenvalues, step sizes) at their own, lower rate: S5's Pathfinder s
 ``bin/run_experiments/run_lra_pathfinder.sh``), i.e. ``decay_lr_factor = 0.2``. These leaves
 are 1-D or small and never weight-decayed, so the factor is exactly their learning rate's.
 
+``lr_factors`` (``"name=factor,name=factor"``, e.g. ``"query=0.1,key=0.1,decay_gate=0.1"``)
+scales the learning rate of every leaf whose path holds a module or parameter called
+``name`` (a leaf under several names takes the product), as ``decay_lr_factor`` does for the
+decay rates: the whole AdamW update is scaled, the decoupled weight decay with it, so the
+factor is exactly the leaf's learning rate relative to the schedule's. Empty: none.
+
 EMA of parameters (``ema_decay > 0``) is kept by the trainer beside the parameters and used
 for evaluation: ``ema = d * ema + (1 - d) * params`` after each update, with the warm-up
 ``d = min(ema_decay, (1 + t) / (10 + t))`` so early averages are not dominated by the init.
@@ -84,6 +90,44 @@ def decay_param_mask(params):
     return jax.tree_util.tree_map_with_path(is_decay, params)
 
 
+def parse_lr_factors(text):
+    """``optim.lr_factors`` (module docstring) as ``{name: factor}``.
+
+    Raises:
+      ValueError: for an entry that is not ``NAME=FACTOR`` with ``FACTOR > 0``.
+    """
+    factors = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        name, _, value = (part.strip() for part in entry.partition("="))
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = 0.0
+        if not name or not factor > 0:
+            raise ValueError(f"config.optim.lr_factors entry {entry!r} is not NAME=FACTOR with "
+                             f"FACTOR > 0 (e.g. 'query=0.1,key=0.1')")
+        factors[name] = factor
+    return factors
+
+
+def _path_names(path):
+    return [str(getattr(p, "key", p)) for p in path]
+
+
+def named_mask(name):
+    """A mask function: True on the leaves whose path holds a module or parameter ``name``."""
+    def mask(params):
+        return jax.tree_util.tree_map_with_path(lambda path, leaf: name in _path_names(path),
+                                                params)
+    return mask
+
+
+def param_names(params):
+    """Every module and parameter name on the leaf paths of ``params``, sorted."""
+    return sorted({n for path, _ in jax.tree_util.tree_leaves_with_path(params)
+                   for n in _path_names(path)})
+
+
 def make_optimizer(optim_config, total_steps):
     """Returns ``(optax transformation, schedule)`` for ``config.optim``."""
     schedule = make_schedule(optim_config, total_steps)
@@ -98,6 +142,8 @@ def make_optimizer(optim_config, total_steps):
     factor = optim_config.decay_lr_factor
     if factor != 1.0:
         steps.append(optax.masked(optax.scale(factor), decay_param_mask))
+    for name, factor in parse_lr_factors(optim_config.lr_factors).items():
+        steps.append(optax.masked(optax.scale(factor), named_mask(name)))
     if optim_config.clip_norm > 0:
         steps.insert(0, optax.clip_by_global_norm(optim_config.clip_norm))
     # AdamW alone is not wrapped in a chain: the optimizer state keeps the layout that existing

@@ -209,6 +209,10 @@ def _check_config(config):
     if config.optim.decay_lr_factor <= 0:
         raise UserError(f"config.optim.decay_lr_factor must be > 0 (1: the common learning "
                         f"rate), got {config.optim.decay_lr_factor}")
+    try:
+        optim.parse_lr_factors(config.optim.lr_factors)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if "/" not in config.best_metric or config.best_metric.split("/")[0] not in config.eval_splits:
         raise UserError(f"config.best_metric={config.best_metric!r} must be 'split/metric' "
                         f"with split in config.eval_splits {tuple(config.eval_splits)}")
@@ -293,6 +297,12 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         params_sharding = sharding.param_shardings(
             jax.eval_shape(task.init, init_rng), mesh, rules)["params"]
+        names = optim.param_names(params_sharding)
+        unmatched = sorted(set(optim.parse_lr_factors(config.optim.lr_factors)) - set(names))
+        if unmatched:
+            raise UserError(f"config.optim.lr_factors names {', '.join(unmatched)}, which no "
+                            f"module or parameter of the model is called; the model's names: "
+                            f"{', '.join(n for n in names if not n.isdigit())}")
 
         def init_state(params, model_state):
             return TrainState(step=jnp.zeros((), jnp.int32), params=params,

@@ -345,6 +345,18 @@ def test_resume_with_other_model_settings_of_the_same_shapes_is_a_user_error(tmp
     assert result["final"]["step"] == 4
 
 
+
+def test_resume_with_other_learning_rate_factors(tmp_path):
+    """Learning-rate factors add or drop optimizer steps that hold no arrays: a run resumes
+    across such a change, with its Adam moments."""
+    workdir = str(tmp_path)
+    train_and_evaluate(toy_config(num_train_steps=2), workdir, task=ToyTask())
+    factors = {"optim.lr_factors": "Dense_0=0.5", "optim.decay_lr_factor": 0.5}
+    assert train_and_evaluate(toy_config(num_train_steps=4, **factors), workdir,
+                              task=ToyTask())["final"]["step"] == 4
+    assert train_and_evaluate(toy_config(num_train_steps=6), workdir,
+                              task=ToyTask())["final"]["step"] == 6
+
 @pytest.mark.parametrize("overrides, message", [
     ({"batch_size": 12}, "batch_size=12 is not divisible by the 8 data-parallel shards"),
     ({"eval_batch_size": 20}, "eval_batch_size=20 is not divisible"),
@@ -353,6 +365,11 @@ def test_resume_with_other_model_settings_of_the_same_shapes_is_a_user_error(tmp
     ({"mesh.fsdp": 3}, "cannot fill 8 devices"),
     ({"optim.schedule": "step"}, "schedule='step' is not one of"),
     ({"optim.decay_lr_factor": 0.0}, "decay_lr_factor must be > 0"),
+    ({"optim.lr_factors": "Dense_0"}, "lr_factors entry 'Dense_0' is not NAME=FACTOR"),
+    ({"optim.lr_factors": "Dense_0=0.1, kernel=-1"}, "entry 'kernel=-1' is not NAME=FACTOR"),
+    ({"optim.lr_factors": "Dense_0=0.1,query=0.1"},
+     "lr_factors names query, which no module or parameter of the model is called; the "
+     "model's names: Dense_0, Dense_1, Embed_0, bias, embedding, kernel"),
     ({"best_metric": "train/loss"}, "best_metric='train/loss' must be"),
     ({"best_metric": "val/f1"}, "val has no metric 'f1' \\(it has accuracy, loss\\)"),
 ])
@@ -432,6 +449,30 @@ def test_decay_lr_factor_scales_only_the_decay_parameters():
                                                             rtol=1e-6),
                  updates[1.0], updates[factor], mask)
 
+
+
+def test_lr_factors_scale_the_named_leaves():
+    """optim.lr_factors: every leaf under a named module or parameter moves by its factor
+    (the product where two names hold it) times its update at the common rate, weight decay
+    included; the other leaves as without it."""
+    rng = np.random.default_rng()
+    params = {"block": {"query": {"kernel": jnp.ones((4, 6)), "bias": jnp.ones(6)},
+                        "key": {"kernel": jnp.ones((4, 6))}, "out": {"kernel": jnp.ones((6, 4))}},
+              "head": {"kernel": jnp.ones((4, 3))}}
+    assert optim.param_names(params) == ["bias", "block", "head", "kernel", "key", "out",
+                                         "query"]
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
+    f_query, f_kernel = rng.uniform(0.1, 0.5, 2)
+    updates = {}
+    for text in ("", f" query={f_query} , kernel={f_kernel}"):
+        tx, _ = optim.make_optimizer(_optim_config(learning_rate=0.01, schedule="constant",
+                                                   weight_decay=0.1, lr_factors=text), 10)
+        updates[text], _ = tx.update(grads, tx.init(params), params)
+    factors = {"block": {"query": {"kernel": f_query * f_kernel, "bias": f_query},
+                         "key": {"kernel": f_kernel}, "out": {"kernel": f_kernel}},
+               "head": {"kernel": f_kernel}}
+    jax.tree.map(lambda a, b, f: np.testing.assert_allclose(b, a * f, rtol=1e-6),
+                 updates[""], updates[f" query={f_query} , kernel={f_kernel}"], factors)
 
 def test_clipping_and_ema():
     tx, _ = optim.make_optimizer(_optim_config(learning_rate=1.0, schedule="constant",
