@@ -23,7 +23,7 @@ Names and where the paper uses them:
   ``sqrt(K)``, which an unscaled layer's ``K**-0.5`` on ``q`` makes exactly 1 (under SCALE
   any constant cancels). The mixer is then its decay mask alone, a fixed linear filter of the
   values (S5's kind of layer with LION-D's decays), and queries and keys get no gradient: it
-  separates what the mask does from what the scores do (docs/benchmarks.md, Pathfinder).
+  separates what the mask does from what the scores do (docs/pathfinder.md).
 """
 
 import functools

@@ -117,7 +117,7 @@ class LionAttention(nn.Module):
     forward walk with ``exp(Lambda dt)`` and a backward walk with its conjugate (S5's
     backward walk takes ``exp(Lambda dt)`` too; ours keeps one op call). SCALE divides by the
     real row sums ``sum_j s_ij M_ijc``. S5 without its eigenvalues' imaginary parts does not
-    learn Pathfinder (docs/benchmarks.md), which is why this reading is here.
+    learn Pathfinder (docs/pathfinder.md), which is why this reading is here.
 
     Scaling: ``q`` is multiplied by ``K**-0.5`` unless the output is SCALE-normalised (there the
     factor cancels, up to ``eps``).
