@@ -71,23 +71,25 @@ def make_schedule(optim_config, total_steps):
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
+def _path_names(path):
+    """The module and parameter names on a leaf's path, outermost first."""
+    return [str(getattr(p, "key", p)) for p in path]
+
+
+def _leaf_name(path):
+    return _path_names(path)[-1] if path else ""
+
+
 def weight_decay_mask(params):
     """Pytree of bools like ``params``: True where weight decay applies (see module docstring)."""
-
-    def decays(path, leaf):
-        name = str(getattr(path[-1], "key", path[-1])).lower() if path else ""
-        return leaf.ndim >= 2 and "embed" not in name
-
-    return jax.tree_util.tree_map_with_path(decays, params)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: leaf.ndim >= 2 and "embed" not in _leaf_name(path).lower(), params)
 
 
 def decay_param_mask(params):
     """Pytree of bools like ``params``: True on the leaves named in :data:`DECAY_PARAMS`."""
-
-    def is_decay(path, leaf):
-        return bool(path) and str(getattr(path[-1], "key", path[-1])) in DECAY_PARAMS
-
-    return jax.tree_util.tree_map_with_path(is_decay, params)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: _leaf_name(path) in DECAY_PARAMS, params)
 
 
 def parse_lr_factors(text):
@@ -110,16 +112,19 @@ def parse_lr_factors(text):
     return factors
 
 
-def _path_names(path):
-    return [str(getattr(p, "key", p)) for p in path]
+def lr_factor_tree(optim_config, params):
+    """Pytree of floats like ``params``: each leaf's learning rate relative to the schedule's,
+    ``decay_lr_factor`` on the leaves of :data:`DECAY_PARAMS` times the ``lr_factors`` of the
+    names on its path (module docstring)."""
+    named = parse_lr_factors(optim_config.lr_factors)
 
+    def factor(path, leaf):
+        f = optim_config.decay_lr_factor if _leaf_name(path) in DECAY_PARAMS else 1.0
+        for name in _path_names(path):
+            f *= named.get(name, 1.0)
+        return f
 
-def named_mask(name):
-    """A mask function: True on the leaves whose path holds a module or parameter ``name``."""
-    def mask(params):
-        return jax.tree_util.tree_map_with_path(lambda path, leaf: name in _path_names(path),
-                                                params)
-    return mask
+    return jax.tree_util.tree_map_with_path(factor, params)
 
 
 def param_names(params):
@@ -139,11 +144,10 @@ def make_optimizer(optim_config, total_steps):
         weight_decay=optim_config.weight_decay,
         mask=weight_decay_mask,
     )]
-    factor = optim_config.decay_lr_factor
-    if factor != 1.0:
-        steps.append(optax.masked(optax.scale(factor), decay_param_mask))
-    for name, factor in parse_lr_factors(optim_config.lr_factors).items():
-        steps.append(optax.masked(optax.scale(factor), named_mask(name)))
+    if optim_config.decay_lr_factor != 1.0 or parse_lr_factors(optim_config.lr_factors):
+        # one stateless step, so that checkpoints keep their arrays' paths whatever the factors
+        steps.append(optax.stateless(lambda updates, params: jax.tree.map(
+            lambda u, f: u * f, updates, lr_factor_tree(optim_config, updates))))
     if optim_config.clip_norm > 0:
         steps.insert(0, optax.clip_by_global_norm(optim_config.clip_norm))
     # AdamW alone is not wrapped in a chain: the optimizer state keeps the layout that existing
