@@ -43,6 +43,16 @@ the exponent: y, dq, dk, dv stayed within 5.4e-7, but d log_decay, whose in-chun
 (``linear_attention._per_feature_bwd``), reached 1.2e-5 and 2.5e-5 in float32; L 90,
 K = V = 16, chunk 64, log-decays uniform in [-20, 0], interpret mode, a throwaway script,
 2026-11-26. Current errors: docs/benchmarks.md, ``experiments.kernel_precision``.)
+
+Chunks of mild decay take a shorter path. Where every feature's log-decays over the whole chunk
+sum to at least ``-FAST_RANGE`` (20; the check is per program, on its chunk and V-block), the
+chunk-local cumulative sums ``b`` lie in ``[-20, 0]`` and the decays factor over the chunk as in
+GLA's chunk form: scores ``(q * exp(b)) (k * exp(-b))^T`` masked causally, one product for the
+whole chunk (value form: ``exp(b) * (scores (v * exp(-b)))``), and the state term
+``(q * exp(b)) S`` (value: ``(q S) * exp(b)``). Every factor stays within ``[e^-20, e^20]``,
+far inside float32's and bf16's range, and an exponent of at most 20 in size carries a rounding
+error of ~ulp(20) (2e-6 relative in the factor), against ~ulp(320) for the sub-chunk
+differences above. float16 inputs (range 65504) always take the walk.
 """
 
 import functools
@@ -55,6 +65,7 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state
 
 _EXACT = jax.lax.Precision.HIGHEST
+FAST_RANGE = 20.0  # chunks whose log-decays sum to >= -FAST_RANGE per feature: one product
 PREFIX_BLOCK_K = 32  # K rows per prefix_states program (docs/kernels.md)
 
 
@@ -177,8 +188,52 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, str
     ``h_i = sum_{p <= s <= i} a_s``, plus the sub-chunk's own pairs (:func:`_diagonal`); then
     ``S <- diag(exp(sum_c a)) S + (k * exp(t))^T v`` (key; value: the decay on S's columns and
     ``t`` on v) with ``t_j = sum_{j < s < p + c} a_s``. Every factor is the exponential of a
-    sum of log-decays over its own segment, in [0, 1] (module docstring).
+    sum of log-decays over its own segment, in [0, 1] (module docstring). Chunks of mild
+    decay (every feature's sum over the chunk >= ``-FAST_RANGE``) take :func:`_whole_chunk`.
     """
+    if q_ref.dtype == jnp.float16 or FAST_RANGE <= 0:
+        _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, sub=sub, on_key=on_key,
+                    strict=strict, precision=precision)
+        return
+    mild = jnp.min(jnp.sum(g_ref[...].astype(jnp.float32), axis=0)) >= -FAST_RANGE
+
+    @pl.when(mild)
+    def _():
+        _whole_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, on_key=on_key, strict=strict,
+                     precision=precision)
+
+    @pl.when(jnp.logical_not(mild))
+    def _():
+        _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, sub=sub, on_key=on_key,
+                    strict=strict, precision=precision)
+
+
+def _whole_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, on_key, strict, precision):
+    """The outputs of a chunk of mild decay in one product (module docstring): ``b`` the
+    chunk-local inclusive cumulative log-decays, in ``[-FAST_RANGE, 0]``."""
+    dtype = q_ref.dtype
+    q, k, v = q_ref[...], k_ref[...], v_ref[...]
+    b = jnp.cumsum(g_ref[...].astype(jnp.float32), axis=0)
+    idx = jnp.arange(q.shape[0])
+    keep = idx[:, None] > idx[None, :] if strict else idx[:, None] >= idx[None, :]
+    state = s_ref[...].astype(dtype)
+    if on_key:
+        qb = (q * jnp.exp(b)).astype(dtype)
+        scores = pltriton.dot(qb, (k * jnp.exp(-b)).astype(dtype), trans_b=True,
+                              precision=precision)
+        scores = jnp.where(keep, scores, 0.0).astype(dtype)
+        out = (pltriton.dot(scores, v, precision=precision)
+               + pltriton.dot(qb, state, precision=precision))
+    else:
+        scores = jnp.where(keep, pltriton.dot(q, k, trans_b=True, precision=precision), 0.0)
+        vb = (v * jnp.exp(-b)).astype(dtype)
+        out = jnp.exp(b) * (pltriton.dot(scores.astype(dtype), vb, precision=precision)
+                            + pltriton.dot(q, state, precision=precision))
+    o_ref[...] = out.astype(o_ref.dtype)
+
+
+def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict, precision):
+    """The outputs of any chunk, walked one sub-chunk at a time (:func:`_output_kernel`)."""
     dtype = q_ref.dtype
     sub_range = jnp.arange(sub)
     later = sub_range[None, :] > sub_range[:, None]  # [j, s]: s > j

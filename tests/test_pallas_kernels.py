@@ -559,6 +559,55 @@ def test_invalid_inputs(call, kwargs, match):
             pallas_kernels.bidirectional_linear_attention(q, k, v, g, **options)
 
 
+
+@pytest.fixture
+def fast_range(request):
+    """Sets ``per_feature.FAST_RANGE`` to ``request.param`` with XLA's caches cleared on both
+    sides (the kernels read the constant when traced)."""
+    import importlib
+    module = importlib.import_module("pallas_kernels.per_feature")
+    saved = module.FAST_RANGE
+    module.FAST_RANGE = request.param
+    jax.clear_caches()
+    yield request.param
+    module.FAST_RANGE = saved
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("fast_range", [20.0, 0.0], indirect=True, ids=["paths", "walk"])
+def test_per_feature_mild_and_strong_chunks(rng, fast_range):
+    """Per-feature decay over chunks of mild decay (one product, ``FAST_RANGE``), strong decay
+    (the sub-chunk walk) and mild again with a partial last chunk, in one call, with an
+    initial state: output, final state and every gradient against float64; and the walk
+    alone (``FAST_RANGE`` 0) on the same inputs."""
+    B, L, H, K, V, chunk = 1, 150, 2, 16, 24, 64
+    q, k, v, _ = make_inputs(rng, B, L, H, K, V, jnp.float32, "none")
+    low = np.where(np.arange(L) < chunk, -0.05, np.where(np.arange(L) < 2 * chunk, -20.0, -0.3))
+    g = jnp.asarray(rng.uniform(0.0, 1.0, (B, L, H, K)) * low[None, :, None, None],
+                    jnp.float32)
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.float32)
+    ds = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+
+    def kernel(q, k, v, g, s0):
+        return pallas_kernels.causal_linear_attention(
+            q, k, v, g, chunk_size=chunk, initial_state=s0, return_final_state=True)
+
+    def reference(q, k, v, g, s0):
+        return ops.causal_linear_attention(q, k, v, g, impl="attention", initial_state=s0,
+                                           return_final_state=True)
+
+    args = (q, k, v, g, s0)
+    got = jitted(kernel)(*args)
+    got_grads, argnums = loss_and_grads(kernel, args, (dy, ds))
+    with jax.enable_x64(True):
+        args64 = tuple(f64(a) for a in args)
+        want = jitted(reference)(*args64)
+        want_grads, _ = loss_and_grads(reference, args64, (f64(dy), f64(ds)))
+    names = "q k v log_decay initial_state".split()
+    check_close(got, want, jnp.float32, ["y", "final_state"])
+    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
+
 def test_per_feature_scan_states(rng):
     """chunk_scan_per_feature's return_states (forward and reverse) and chunk_states_per_feature
     against a float64 token-by-token recurrence, with an initial state."""
