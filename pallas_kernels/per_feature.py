@@ -2,10 +2,12 @@
 
 With ``A = cumsum(log_decay)`` over L taken per feature, :func:`chunk_scan_per_feature` computes
 
-    decay_on="key":    o_i = sum_{j <= i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T + q_i^T diag(e^{A_i}) S0
-                       state S_t = diag(exp(a_t)) S_{t-1} + k_t v_t^T              (g: [B, L, H, K])
-    decay_on="value":  o_i = sum_{j <= i} (q_i . k_j) exp(A_i - A_j) * v_j + exp(A_i) * (S0^T q_i)
-                       state S_t = S_{t-1} diag(exp(a_t)) + k_t v_t^T              (g: [B, L, H, V])
+    decay_on="key" (g: [B, L, H, K]):
+        o_i = sum_{j <= i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T + q_i^T diag(e^{A_i}) S0
+        state S_t = diag(exp(a_t)) S_{t-1} + k_t v_t^T
+    decay_on="value" (g: [B, L, H, V]):
+        o_i = sum_{j <= i} (q_i . k_j) exp(A_i - A_j) * v_j + exp(A_i) * (S0^T q_i)
+        state S_t = S_{t-1} diag(exp(a_t)) + k_t v_t^T
 
 (``*`` elementwise over V). The causal op is the key form; its gradients dq and dk are the value
 form with permuted arguments (see ``linear_attention.py``). ``reverse=True`` runs the same scan
@@ -14,8 +16,8 @@ log-decays by one token in XLA (the reverse recurrence decays on leaving a token
 state, the state before token 0, then takes the decay of token 0.
 
 Structure: three passes (chunk states in parallel, :func:`prefix_states` walking the chunks,
-chunk outputs in parallel). The state terms take per-feature factors directly: ``exp(b_i)`` on q (or on the output)
-and ``exp(b_C - b_j)`` on k (or on v), all exponents <= 0.
+chunk outputs in parallel). The state terms take per-feature factors directly: ``exp(b_i)`` on
+q (or on the output) and ``exp(b_C - b_j)`` on k (or on v), all exponents <= 0.
 
 Intra-chunk term and its stability. With per-feature decay the C x C scores
 ``P_ij = sum_k q_ik k_jk exp(b_ik - b_jk)`` are no longer a matrix product times one mask. The
