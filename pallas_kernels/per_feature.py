@@ -46,12 +46,14 @@ the exponent: y, dq, dk, dv stayed within 5.4e-7, but d log_decay, whose in-chun
 K = V = 16, chunk 64, log-decays uniform in [-20, 0], interpret mode, a throwaway script,
 2026-11-26. Current errors: docs/benchmarks.md, ``experiments.kernel_precision``.)
 
-Chunks of mild decay take a shorter path. Where every feature's log-decays over the whole chunk
+Blocks of mild decay take a shorter path. Where every feature's log-decays over the whole chunk
 sum to at least ``-FAST_RANGE`` (20; the check is per program, on its chunk and V-block), the
 chunk-local cumulative sums ``b`` lie in ``[-20, 0]`` and the decays factor over the chunk as in
 GLA's chunk form: scores ``(q * exp(b)) (k * exp(-b))^T`` masked causally, one product for the
 whole chunk (value form: ``exp(b) * (scores (v * exp(-b)))``), and the state term
-``(q * exp(b)) S`` (value: ``(q S) * exp(b)``). Every factor stays within ``[e^-20, e^20]``,
+``(q * exp(b)) S`` (value: ``(q S) * exp(b)``). Other chunks walk, and each sub-chunk whose
+sums are at least ``-FAST_RANGE`` takes its own pairs in that product instead of the
+key-by-key running products below. Every factor stays within ``[e^-20, e^20]``,
 far inside float32's and bf16's range, and an exponent of at most 20 in size carries a rounding
 error of ~ulp(20) (2e-6 relative in the factor), against ~ulp(320) for the sub-chunk
 differences above. float16 inputs (range 65504) always take the walk.
@@ -193,11 +195,11 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, str
     sum of log-decays over its own segment, in [0, 1] (module docstring). Chunks of mild
     decay (every feature's sum over the chunk >= ``-FAST_RANGE``) take :func:`_whole_chunk`.
     """
-    if q_ref.dtype == jnp.float16 or FAST_RANGE <= 0:
+    if not _fast(q_ref.dtype):
         _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, sub=sub, on_key=on_key,
                     strict=strict, precision=precision)
         return
-    mild = jnp.min(jnp.sum(g_ref[...].astype(jnp.float32), axis=0)) >= -FAST_RANGE
+    mild = _mild(g_ref[...].astype(jnp.float32))
 
     @pl.when(mild)
     def _():
@@ -210,32 +212,53 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, str
                     strict=strict, precision=precision)
 
 
+def _fast(dtype):
+    """Whether blocks of mild decay may take :func:`_product_pairs` (module docstring)."""
+    return dtype != jnp.float16 and FAST_RANGE > 0
+
+
+def _mild(a):
+    """Whether the log-decays ``a [n, F]`` of a block of tokens sum to at least
+    ``-FAST_RANGE`` in every feature (a scalar bool)."""
+    return jnp.min(jnp.sum(a, axis=0)) >= -FAST_RANGE
+
+
+def _product_pairs(q, k, v, b, *, on_key, strict, dtype, precision):
+    """The pairs ``j <= i`` (strict: ``j < i``) of a block of tokens of mild decay in one
+    product, ``[n, BV]`` float32: ``b [n, F]`` the block's inclusive cumulative log-decays,
+    in ``[-FAST_RANGE, 0]``, so ``exp(b)`` and ``exp(-b)`` stay within ``e^+-FAST_RANGE``
+    (module docstring)."""
+    idx = jnp.arange(q.shape[0])
+    keep = idx[:, None] > idx[None, :] if strict else idx[:, None] >= idx[None, :]
+    if on_key:
+        scores = pltriton.dot((q * jnp.exp(b)).astype(dtype), (k * jnp.exp(-b)).astype(dtype),
+                              trans_b=True, precision=precision)
+        return pltriton.dot(jnp.where(keep, scores, 0.0).astype(dtype), v, precision=precision)
+    scores = jnp.where(keep, pltriton.dot(q, k, trans_b=True, precision=precision), 0.0)
+    return jnp.exp(b) * pltriton.dot(scores.astype(dtype), (v * jnp.exp(-b)).astype(dtype),
+                                     precision=precision)
+
+
 def _whole_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, on_key, strict, precision):
-    """The outputs of a chunk of mild decay in one product (module docstring): ``b`` the
-    chunk-local inclusive cumulative log-decays, in ``[-FAST_RANGE, 0]``."""
+    """The outputs of a chunk of mild decay: the state term with the chunk-local cumulative
+    log-decays ``b``, plus every pair in one product (:func:`_product_pairs`)."""
     dtype = q_ref.dtype
     q, k, v = q_ref[...], k_ref[...], v_ref[...]
     b = jnp.cumsum(g_ref[...].astype(jnp.float32), axis=0)
-    idx = jnp.arange(q.shape[0])
-    keep = idx[:, None] > idx[None, :] if strict else idx[:, None] >= idx[None, :]
     state = s_ref[...].astype(dtype)
     if on_key:
-        qb = (q * jnp.exp(b)).astype(dtype)
-        scores = pltriton.dot(qb, (k * jnp.exp(-b)).astype(dtype), trans_b=True,
-                              precision=precision)
-        scores = jnp.where(keep, scores, 0.0).astype(dtype)
-        out = (pltriton.dot(scores, v, precision=precision)
-               + pltriton.dot(qb, state, precision=precision))
+        out = pltriton.dot((q * jnp.exp(b)).astype(dtype), state, precision=precision)
     else:
-        scores = jnp.where(keep, pltriton.dot(q, k, trans_b=True, precision=precision), 0.0)
-        vb = (v * jnp.exp(-b)).astype(dtype)
-        out = jnp.exp(b) * (pltriton.dot(scores.astype(dtype), vb, precision=precision)
-                            + pltriton.dot(q, state, precision=precision))
+        out = pltriton.dot(q, state, precision=precision) * jnp.exp(b)
+    out += _product_pairs(q, k, v, b, on_key=on_key, strict=strict, dtype=dtype,
+                          precision=precision)
     o_ref[...] = out.astype(o_ref.dtype)
 
 
 def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict, precision):
-    """The outputs of any chunk, walked one sub-chunk at a time (:func:`_output_kernel`)."""
+    """The outputs of any chunk, walked one sub-chunk at a time (:func:`_output_kernel`); a
+    sub-chunk of mild decay takes its own pairs in one product (:func:`_product_pairs`), the
+    others by :func:`_diagonal`."""
     dtype = q_ref.dtype
     sub_range = jnp.arange(sub)
     later = sub_range[None, :] > sub_range[:, None]  # [j, s]: s > j
@@ -244,7 +267,8 @@ def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict
         rows = pl.ds(p, sub)
         q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
         a = g_ref[rows, :].astype(jnp.float32)
-        head = jnp.exp(jnp.cumsum(a, axis=0))  # exp(h_i)
+        h = jnp.cumsum(a, axis=0)
+        head = jnp.exp(h)
         tail = jnp.exp(_segment_sums(a, later))  # exp(t_j)
         whole = jnp.exp(jnp.sum(a, axis=0))  # the sub-chunk's decay of the state
         if on_key:
@@ -258,8 +282,15 @@ def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict
             update = pltriton.dot(k, (v * tail).astype(dtype), trans_a=True,
                                   precision=precision)
             state = whole[None, :] * state + update
-        out += _diagonal(q, k_ref, v_ref, g_ref, p, on_key=on_key, strict=strict, dtype=dtype,
-                         precision=precision)
+
+        def walk(p=p, q=q):
+            return _diagonal(q, k_ref, v_ref, g_ref, p, on_key=on_key, strict=strict,
+                             dtype=dtype, precision=precision)
+
+        def product(q=q, k=k, v=v, h=h):
+            return _product_pairs(q, k, v, h, on_key=on_key, strict=strict, dtype=dtype,
+                                  precision=precision)
+        out += jax.lax.cond(_mild(a), product, walk) if _fast(dtype) else walk()
         o_ref[rows, :] = out.astype(o_ref.dtype)
 
 

@@ -576,13 +576,17 @@ def fast_range(request):
 
 @pytest.mark.parametrize("fast_range", [20.0, 0.0], indirect=True, ids=["paths", "walk"])
 def test_per_feature_mild_and_strong_chunks(rng, fast_range):
-    """Per-feature decay over chunks of mild decay (one product, ``FAST_RANGE``), strong decay
-    (the sub-chunk walk) and mild again with a partial last chunk, in one call, with an
+    """Per-feature decay over a chunk of mild decay (one product, ``FAST_RANGE``), one of
+    strong decay (the sub-chunk walk), one whose sub-chunks are mild but for one (their pairs
+    in one product each, that one walked), and a partial last chunk, in one call, with an
     initial state: output, final state and every gradient against float64; and the walk
     alone (``FAST_RANGE`` 0) on the same inputs."""
-    B, L, H, K, V, chunk = 1, 150, 2, 16, 24, 64
+    B, L, H, K, V, chunk = 1, 214, 2, 16, 24, 64
     q, k, v, _ = make_inputs(rng, B, L, H, K, V, jnp.float32, "none")
-    low = np.where(np.arange(L) < chunk, -0.05, np.where(np.arange(L) < 2 * chunk, -20.0, -0.3))
+    # lowest log-decay per token: sums over 16 tokens near -8 in the third chunk (mild
+    # sub-chunks, a strong chunk) but -24 over tokens 160-175
+    low = np.select([np.arange(L) < edge for edge in (64, 128, 160, 176, 192)],
+                    [-0.05, -20.0, -1.0, -3.0, -1.0], -0.3)
     g = jnp.asarray(rng.uniform(0.0, 1.0, (B, L, H, K)) * low[None, :, None, None],
                     jnp.float32)
     s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
