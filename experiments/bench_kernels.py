@@ -10,7 +10,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             each with algorithm="sequential" (_seq) and "two_pass" (_2pass: backend=None,
             i.e. Mosaic GPU states walks on Hopper; _2pass_triton: every kernel Triton); LION
             non-normalised (pallas_lion_plain); the causal op with per-feature decay
-            [B, L, H, K] (pallas_causal_per_feature)
+            [B, L, H, K] (pallas_causal_per_feature; with these log-decays, in [-0.1, 0],
+            every chunk of 64 sums to >= -6.4 and takes the one-product path of
+            pallas_kernels/per_feature.py, where chunks of stronger decay walk)
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
