@@ -119,8 +119,17 @@ def test_causal_forward_and_grads(rng, L, K, V, chunk, decay, with_s0, algorithm
     B, H = 2, 2
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, decay, per_feature=per_feature)
     s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) if with_s0 else None
-    dy = jnp.asarray(rng.standard_normal((B, L, H, V)))
-    ds = jnp.asarray(rng.standard_normal((B, H, K, V)))
+    check_causal((q, k, v, g, s0), rng, chunk, algorithm)
+
+
+def check_causal(args, rng, chunk, algorithm=None):
+    """pallas_kernels.causal_linear_attention on float32 ``args = (q, k, v, log_decay, s0)``
+    against the float64 reference: the output, the final state and the gradients of a random
+    linear loss of both."""
+    q, v = args[0], args[2]
+    (B, L, H, K), V = q.shape, v.shape[-1]
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.float32)
+    ds = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
 
     def kernel(q, k, v, g, s0):
         return pallas_kernels.causal_linear_attention(
@@ -131,10 +140,8 @@ def test_causal_forward_and_grads(rng, L, K, V, chunk, decay, with_s0, algorithm
         return ops.causal_linear_attention(q, k, v, g, impl="attention", initial_state=s0,
                                            return_final_state=True)
 
-    args = (q, k, v, g, s0)
     got = jitted(kernel)(*args)
-    got_grads, argnums = loss_and_grads(kernel, args, (dy.astype(jnp.float32),
-                                                       ds.astype(jnp.float32)))
+    got_grads, argnums = loss_and_grads(kernel, args, (dy, ds))
     with jax.enable_x64(True):
         args64 = tuple(f64(a) for a in args)
         want = jitted(reference)(*args64)
@@ -590,27 +597,8 @@ def test_per_feature_mild_and_strong_chunks(rng, fast_range):
     g = jnp.asarray(rng.uniform(0.0, 1.0, (B, L, H, K)) * low[None, :, None, None],
                     jnp.float32)
     s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
-    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.float32)
-    ds = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+    check_causal((q, k, v, g, s0), rng, chunk)
 
-    def kernel(q, k, v, g, s0):
-        return pallas_kernels.causal_linear_attention(
-            q, k, v, g, chunk_size=chunk, initial_state=s0, return_final_state=True)
-
-    def reference(q, k, v, g, s0):
-        return ops.causal_linear_attention(q, k, v, g, impl="attention", initial_state=s0,
-                                           return_final_state=True)
-
-    args = (q, k, v, g, s0)
-    got = jitted(kernel)(*args)
-    got_grads, argnums = loss_and_grads(kernel, args, (dy, ds))
-    with jax.enable_x64(True):
-        args64 = tuple(f64(a) for a in args)
-        want = jitted(reference)(*args64)
-        want_grads, _ = loss_and_grads(reference, args64, (f64(dy), f64(ds)))
-    names = "q k v log_decay initial_state".split()
-    check_close(got, want, jnp.float32, ["y", "final_state"])
-    check_close(got_grads, want_grads, jnp.float32, [f"d{names[i]}" for i in argnums])
 
 def test_per_feature_scan_states(rng):
     """chunk_scan_per_feature's return_states (forward and reverse) and chunk_states_per_feature
