@@ -239,17 +239,23 @@ def _product_pairs(q, k, v, b, *, on_key, strict, dtype, precision):
                                      precision=precision)
 
 
+def _state_term(q, state, head, *, on_key, dtype, precision):
+    """The pairs of a block's queries ``q [n, Kp]`` with every earlier token, through the
+    float32 ``state`` entering the block: ``(q * head) S`` (key) or ``(q S) * head`` (value),
+    ``head = exp(h)`` of the block's inclusive cumulative log-decays."""
+    if on_key:
+        return pltriton.dot((q * head).astype(dtype), state.astype(dtype), precision=precision)
+    return pltriton.dot(q, state.astype(dtype), precision=precision) * head
+
+
 def _whole_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, on_key, strict, precision):
     """The outputs of a chunk of mild decay: the state term with the chunk-local cumulative
     log-decays ``b``, plus every pair in one product (:func:`_product_pairs`)."""
     dtype = q_ref.dtype
     q, k, v = q_ref[...], k_ref[...], v_ref[...]
     b = jnp.cumsum(g_ref[...].astype(jnp.float32), axis=0)
-    state = s_ref[...].astype(dtype)
-    if on_key:
-        out = pltriton.dot((q * jnp.exp(b)).astype(dtype), state, precision=precision)
-    else:
-        out = pltriton.dot(q, state, precision=precision) * jnp.exp(b)
+    out = _state_term(q, s_ref[...], jnp.exp(b), on_key=on_key, dtype=dtype,
+                      precision=precision)
     out += _product_pairs(q, k, v, b, on_key=on_key, strict=strict, dtype=dtype,
                           precision=precision)
     o_ref[...] = out.astype(o_ref.dtype)
@@ -268,17 +274,15 @@ def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict
         q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
         a = g_ref[rows, :].astype(jnp.float32)
         h = jnp.cumsum(a, axis=0)
-        head = jnp.exp(h)
         tail = jnp.exp(_segment_sums(a, later))  # exp(t_j)
         whole = jnp.exp(jnp.sum(a, axis=0))  # the sub-chunk's decay of the state
+        out = _state_term(q, state, jnp.exp(h), on_key=on_key, dtype=dtype,
+                          precision=precision)
         if on_key:
-            out = pltriton.dot((q * head).astype(dtype), state.astype(dtype),
-                               precision=precision)
             update = pltriton.dot((k * tail).astype(dtype), v, trans_a=True,
                                   precision=precision)
             state = whole[:, None] * state + update
         else:
-            out = pltriton.dot(q, state.astype(dtype), precision=precision) * head
             update = pltriton.dot(k, (v * tail).astype(dtype), trans_a=True,
                                   precision=precision)
             state = whole[None, :] * state + update
