@@ -119,7 +119,8 @@ def lra_lion_s_mixer():
     return ml_collections.ConfigDict(dict(
         variant="s", impl="auto", chunk_size=16, feature_map="silu_l2", normalize=True,
         decay_shape="vector", decay_init="hippo", hippo_dt_range=(0.001, 0.1),
-        decay_activation="log_sigmoid", selective_timescales="spread", value_init="zoh",
+        decay_activation="log_sigmoid", selective_timescales="spread",
+        decay_init_exponents=(5.0, 12.0), value_init="zoh",
         normalize_unmasked=False, init_std=0.1,
         # None unless set (placeholders, so the command line can set them): a LayerNorm per
         # head's outputs (None: the variant's default), RoPE's base for rotated scores
