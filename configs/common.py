@@ -98,6 +98,10 @@ LRA_VARIANTS = {
                 "GELU + half-GLU (S5's half_glu2 on ListOps and Text), no MLP",
     "s5_complex": "s5_block with S5's complex HiPPO eigenvalues as LION-S's non-selective decays "
                   "and S5's complex B_bar as its values (decay_init='hippo_complex')",
+    "s5_complex_sigmoid": "s5_complex with Table 6 [1]'s sigmoid features and no SCALE, the "
+                          "selective gate's biases at e in (10, 16), so that it starts near 1 "
+                          "(the model starts as its LION-D): the LION-S that learns Pathfinder "
+                          "(docs/pathfinder.md)",
     "s5": "S5 itself (lion_jax/layers/s5.py, the reference the recipe comes from) in S5's "
           "layer; its eigenvalues and steps train at optim.decay_lr_factor",
 }
@@ -164,13 +168,17 @@ def apply_lra_variant(c, variant, s5_channel_mixer="half_glu"):
         "no_selectivity": dict(variant="d"),
         "softplus": dict(decay_activation="softplus"),
     }
-    if variant in ("s5_block", "s5_complex", "s5"):  # S5's layer
+    if variant in ("s5_block", "s5_complex", "s5_complex_sigmoid", "s5"):  # S5's layer
         c.model.update(channel_mixer=s5_channel_mixer, norm="batchnorm")
     if variant == "s5_block":
         c.label = "LION-S, S5 block"
     elif variant == "s5_complex":
         mixer.decay_init = "hippo_complex"
         c.label = "LION-S complex, S5 block"
+    elif variant == "s5_complex_sigmoid":
+        mixer.update(decay_init="hippo_complex", feature_map="sigmoid", normalize=False,
+                     decay_init_exponents=(10.0, 16.0))
+        c.label = "LION-S complex, sigmoid, no SCALE, S5 block"
     elif variant == "s5":
         c.model.mixer_kind = "s5"
         c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1),

@@ -76,11 +76,13 @@ def test_listops_default_is_the_paper_setting():
                                          ("retrieval", "half_glu"), ("image", "half_glu"),
                                          ("pathfinder", "half_glu"), ("pathx", "half_glu")])
 def test_s5_variants_take_s5s_layer_of_the_task(task, layer):
-    """``s5_block``, ``s5_complex`` and ``s5`` take S5's activation of the task's script
-    (lindermanlab/S5 bin/run_experiments: half_glu2 for ListOps and IMDb, the default
-    half_glu1 elsewhere); ``s5_complex`` differs from ``s5_block`` in the decay init alone."""
+    """``s5_block``, ``s5_complex``, ``s5_complex_sigmoid`` and ``s5`` take S5's activation of
+    the task's script (lindermanlab/S5 bin/run_experiments: half_glu2 for ListOps and IMDb, the
+    default half_glu1 elsewhere); ``s5_complex`` differs from ``s5_block`` in the decay init
+    alone, ``s5_complex_sigmoid`` from ``s5_complex`` in the features, SCALE and the gate's
+    biases alone."""
     module = importlib.import_module(f"configs.lra.{task}")
-    for variant in ("s5_block", "s5_complex", "s5"):
+    for variant in ("s5_block", "s5_complex", "s5_complex_sigmoid", "s5"):
         c = module.get_config(variant)
         assert (c.model.channel_mixer, c.model.norm) == (layer, "batchnorm"), (task, variant)
     assert module.get_config().model.channel_mixer == "mlp"
@@ -88,6 +90,15 @@ def test_s5_variants_take_s5s_layer_of_the_task(task, layer):
     assert complex_["model"]["mixer"].pop("decay_init") == "hippo_complex"
     assert block["model"]["mixer"].pop("decay_init") == "hippo"
     assert {**block, "label": ""} == {**complex_, "label": ""}
+    sigmoid = module.get_config("s5_complex_sigmoid").to_dict()
+    changed = {key: sigmoid["model"]["mixer"].pop(key)
+               for key in ("feature_map", "normalize", "decay_init_exponents")}
+    assert changed == dict(feature_map="sigmoid", normalize=False,
+                           decay_init_exponents=(10.0, 16.0))
+    complex_ = module.get_config("s5_complex").to_dict()
+    for key in changed:
+        complex_["model"]["mixer"].pop(key)
+    assert {**sigmoid, "label": ""} == {**complex_, "label": ""}
 
 
 def test_parse_variant():
