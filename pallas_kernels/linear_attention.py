@@ -144,17 +144,21 @@ def _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg):
     inside a chunk and in float32 (the global reverse cumsum cancels O(1) terms over L). So
     the forward's states are recomputed here from float32 operands (states only, no outputs):
     the forward's own, from 16-bit operands, would not cancel against float32 dk.
+
+    Two state walks serve all three scans: ``dq = S do`` reads the forward states ``S_n``
+    (transposed: its scan decays the value axis) and ``dk = D v`` the reverse states ``D_n``
+    of ``dv = D^T k``.
     """
     f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
     q32, k32, v32, dy32 = (f32(x) for x in (q, k, v, dy))
-    s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
-    dq, _ = _scan(dy32, v32, k32, g, s0_t, decay_on="value", strict=True, **cfg)
-    dk, _ = _scan(v32, dy32, q32, g, jnp.swapaxes(d_state, 2, 3), decay_on="value",
-                  reverse=True, strict=True, **cfg)
-    dv, ds0, queries = chunk_scan_per_feature(k32, q32, dy32, g, d_state, reverse=True,
-                                              return_states=True, **cfg)
     states, final = chunk_states_per_feature(k32, v32, g, s0, chunk=cfg["chunk"],
                                              interpret=cfg["interpret"])
+    dv, ds0, queries = chunk_scan_per_feature(k32, q32, dy32, g, d_state, reverse=True,
+                                              return_states=True, **cfg)
+    dq, _ = chunk_scan_per_feature(dy32, v32, k32, g, decay_on="value", strict=True,
+                                   states=jnp.swapaxes(states, 3, 4), **cfg)
+    dk, _ = chunk_scan_per_feature(v32, dy32, q32, g, decay_on="value", reverse=True,
+                                   strict=True, states=jnp.swapaxes(queries, 3, 4), **cfg)
     B, L, H, K = q.shape
     C, N = cfg["chunk"], L // cfg["chunk"]
     after = jnp.concatenate([states[:, :, 1:], final[:, :, None]], axis=2)  # S_n

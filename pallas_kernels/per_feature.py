@@ -326,7 +326,7 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
 def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="key",
                            reverse=False, strict=False, chunk=64, block_v=64,
                            out_dtype=jnp.float32, interpret=False, num_warps=None,
-                           num_stages=2, return_states=False):
+                           num_stages=2, return_states=False, states=None):
     """Decayed linear scan with per-feature decay (see the module docstring).
 
     Args:
@@ -339,6 +339,9 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
       chunk: tokens per chunk, a power of two >= 16 (sub-chunks of 16).
       block_v, out_dtype, interpret, num_warps, num_stages: as for ``chunk_scan``.
       return_states: also return the state the scan carries into each chunk.
+      states: None, or those states ``[B, H, N, K, V]`` float32 (as ``return_states`` gives
+        them, the initial state included) when the caller has them: the state passes are
+        skipped and the final state returned is None. Not with ``initial_state``.
     Returns:
       ``(o [B, L, H, V] out_dtype, final state [B, H, K, V] float32)``, with
       ``return_states`` also ``states [B, H, N, K, V]`` float32 (N = L / chunk): forward,
@@ -347,25 +350,33 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
       ``sum_{j >= (n+1) C} diag(exp(A_j - A_{(n+1) C})) k_j v_j^T`` plus the decayed
       initial state (that initial state itself for the last chunk).
     """
+    if states is not None and initial_state is not None:
+        raise ValueError("chunk_scan_per_feature: give states or initial_state, not both "
+                         "(the states already hold the initial state)")
     kwargs = dict(decay_on=decay_on, strict=strict, chunk=chunk, block_v=block_v,
                   out_dtype=out_dtype, interpret=interpret, num_warps=num_warps,
                   num_stages=num_stages, return_states=return_states)
     if reverse:  # the reverse recurrence decays on leaving a token: shift by one, then flip
         flip = functools.partial(jnp.flip, axis=1)
         g = jnp.concatenate([log_decay[:, 1:], jnp.zeros_like(log_decay[:, :1])], axis=1)
-        o, state, *states = chunk_scan_per_feature(flip(q), flip(k), flip(v), flip(g),
-                                                   initial_state, **kwargs)
-        first = jnp.exp(log_decay[:, 0].astype(jnp.float32))  # the decay entering token 0
-        first = first[..., :, None] if decay_on == "key" else first[..., None, :]
-        return (flip(o), state * first, *(jnp.flip(x, axis=2) for x in states))
+        o, state, *out_states = chunk_scan_per_feature(
+            flip(q), flip(k), flip(v), flip(g), initial_state,
+            states=None if states is None else jnp.flip(states, axis=2), **kwargs)
+        if state is not None:
+            first = jnp.exp(log_decay[:, 0].astype(jnp.float32))  # the decay entering token 0
+            state = state * (first[..., :, None] if decay_on == "key" else first[..., None, :])
+        return (flip(o), state, *(jnp.flip(x, axis=2) for x in out_states))
     on_key = decay_on == "key"
     B, L, H, K = q.shape
     V = v.shape[-1]
     q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp if on_key else vp)
-    s_in, state = _padded_states(k, v, g, initial_state, on_key=on_key, chunk=chunk, bv=bv,
-                                 kp=kp, vp=vp, params=params, precision=precision,
-                                 interpret=interpret)
+    if states is None:
+        s_in, state = _padded_states(k, v, g, initial_state, on_key=on_key, chunk=chunk,
+                                     bv=bv, kp=kp, vp=vp, params=params, precision=precision,
+                                     interpret=interpret)
+    else:
+        s_in, state = _pad_axis(_pad_axis(states.astype(jnp.float32), 3, kp), 4, vp), None
     grid = (B, H, L // chunk, vp // bv)
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n, j: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
@@ -378,7 +389,7 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
         out_specs=v_spec, out_shape=jax.ShapeDtypeStruct((B, L, H, vp), out_dtype),
         compiler_params=params, interpret=interpret, name="chunk_outputs_per_feature",
     )(q, k, v, g, s_in)
-    out = (o[..., :V], state[:, :, :K, :V])
+    out = (o[..., :V], None if state is None else state[:, :, :K, :V])
     return out + (s_in[..., :K, :V],) if return_states else out
 
 

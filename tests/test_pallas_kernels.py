@@ -602,7 +602,8 @@ def test_per_feature_mild_and_strong_chunks(rng, fast_range):
 
 def test_per_feature_scan_states(rng):
     """chunk_scan_per_feature's return_states (forward and reverse) and chunk_states_per_feature
-    against a float64 token-by-token recurrence, with an initial state."""
+    against a float64 token-by-token recurrence, with an initial state; the states given back
+    (``states=``) give the same outputs."""
     from pallas_kernels.per_feature import chunk_scan_per_feature, chunk_states_per_feature
     B, L, H, K, V, C = 1, 48, 2, 16, 32, 16
     _, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "mild", per_feature=True)
@@ -620,9 +621,16 @@ def test_per_feature_scan_states(rng):
             reverse.insert(0, R)  # after token t + 1, before its decay
         R = (np.exp(g64[:, t + 1])[..., None] * R if t + 1 < L else R) + kv[:, t]
     for reversed_, want in ((False, forward), (True, reverse)):
-        *_, states = chunk_scan_per_feature(k, k, v, g, s0, reverse=reversed_, chunk=C,
-                                            interpret=True, return_states=True)
+        o, _, states = chunk_scan_per_feature(k, k, v, g, s0, reverse=reversed_, chunk=C,
+                                              interpret=True, return_states=True)
         check_close([states], [np.stack(want, axis=2)], jnp.float32, [f"reverse={reversed_}"])
+        # the same states given back: the outputs without the state passes
+        o_given, final_given = chunk_scan_per_feature(k, k, v, g, reverse=reversed_, chunk=C,
+                                                      interpret=True, states=states)
+        assert final_given is None
+        np.testing.assert_allclose(np.asarray(o_given), np.asarray(o), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="states or initial_state"):
+        chunk_scan_per_feature(k, k, v, g, s0, chunk=C, interpret=True, states=states)
     states, final = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=True)
     check_close([states, final], [np.stack(forward, axis=2), S], jnp.float32,
                 ["states", "final"])
