@@ -133,16 +133,30 @@ def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_w
 
 
 def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision):
-    """Pass A, one (b, h, n, V-block): u = (K * exp(tail))^T V (key) or K^T (V * exp(tail))."""
-    k, v = k_ref[...], v_ref[...]
+    """Pass A, one (b, h, n, V-block): u = (K * exp(tail))^T V (key) or K^T (V * exp(tail)),
+    ``tail_j = sum_{s > j} a_s``: for a chunk of mild decay the difference of the chunk's sum
+    and its cumulative sums (exponents in [-FAST_RANGE, 0], off by ~ulp(FAST_RANGE)), else
+    each segment summed on its own (an exact float32 product of a 0/1 mask)."""
     a = g_ref[...].astype(jnp.float32)
-    idx = jnp.arange(a.shape[0])
-    tail = jnp.exp(_segment_sums(a, idx[None, :] > idx[:, None]))  # sum_{s > j} a_s
-    if on_key:
-        k = (k * tail).astype(k.dtype)
-    else:
-        v = (v * tail).astype(v.dtype)
-    u_ref[...] = pltriton.dot(k, v, trans_a=True, precision=precision)
+
+    def write(tail):
+        k, v = k_ref[...], v_ref[...]
+        if on_key:
+            k = (k * jnp.exp(tail)).astype(k.dtype)
+        else:
+            v = (v * jnp.exp(tail)).astype(v.dtype)
+        u_ref[...] = pltriton.dot(k, v, trans_a=True, precision=precision)
+
+    def exact():
+        idx = jnp.arange(a.shape[0])
+        write(_segment_sums(a, idx[None, :] > idx[:, None]))
+
+    if not _fast(k_ref.dtype):
+        exact()
+        return
+    mild = _mild(a)
+    pl.when(mild)(lambda: write(jnp.sum(a, axis=0)[None, :] - jnp.cumsum(a, axis=0)))
+    pl.when(jnp.logical_not(mild))(exact)
 
 
 def _diagonal(q, k_ref, v_ref, g_ref, p, *, on_key, strict, dtype, precision):
