@@ -51,7 +51,8 @@ sum to at least ``-FAST_RANGE`` (20; the check is per program, on its chunk and 
 chunk-local cumulative sums ``b`` lie in ``[-20, 0]`` and the decays factor over the chunk as in
 GLA's chunk form: scores ``(q * exp(b)) (k * exp(-b))^T`` masked causally, one product for the
 whole chunk (value form: ``exp(b) * (scores (v * exp(-b)))``), and the state term
-``(q * exp(b)) S`` (value: ``(q S) * exp(b)``). Other chunks walk, and each sub-chunk whose
+``(q * exp(b)) S`` (value: ``(q S) * exp(b)``). The states pass takes such a chunk's tails
+``exp(b_C - b_j)`` from the same cumulative sums. Other chunks walk, and each sub-chunk whose
 sums are at least ``-FAST_RANGE`` takes its own pairs in that product instead of the
 key-by-key running products below. Every factor stays within ``[e^-20, e^20]``,
 far inside float32's and bf16's range, and an exponent of at most 20 in size carries a rounding
