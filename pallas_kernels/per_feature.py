@@ -365,9 +365,14 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
       ``sum_{j >= (n+1) C} diag(exp(A_j - A_{(n+1) C})) k_j v_j^T`` plus the decayed
       initial state (that initial state itself for the last chunk).
     """
-    if states is not None and initial_state is not None:
-        raise ValueError("chunk_scan_per_feature: give states or initial_state, not both "
-                         "(the states already hold the initial state)")
+    if states is not None:
+        if initial_state is not None:
+            raise ValueError("chunk_scan_per_feature: give states or initial_state, not both "
+                             "(the states already hold the initial state)")
+        want = (q.shape[0], q.shape[2], q.shape[1] // chunk, k.shape[-1], v.shape[-1])
+        if states.shape != want:
+            raise ValueError(f"chunk_scan_per_feature: states must be [B, H, L / chunk, K, V]"
+                             f" = {want}; got {states.shape}")
     kwargs = dict(decay_on=decay_on, strict=strict, chunk=chunk, block_v=block_v,
                   out_dtype=out_dtype, interpret=interpret, num_warps=num_warps,
                   num_stages=num_stages, return_states=return_states)

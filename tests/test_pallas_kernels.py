@@ -631,6 +631,8 @@ def test_per_feature_scan_states(rng):
         np.testing.assert_allclose(np.asarray(o_given), np.asarray(o), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="states or initial_state"):
         chunk_scan_per_feature(k, k, v, g, s0, chunk=C, interpret=True, states=states)
+    with pytest.raises(ValueError, match=r"states must be \[B, H, L / chunk, K, V\]"):
+        chunk_scan_per_feature(k, k, v, g, chunk=C, interpret=True, states=states[:, :, 1:])
     states, final = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=True)
     check_close([states, final], [np.stack(forward, axis=2), S], jnp.float32,
                 ["states", "final"])
