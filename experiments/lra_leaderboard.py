@@ -1,15 +1,19 @@
 """Our Long Range Arena accuracies beside the LION paper's Table 2, read from training workdirs.
 
     python -m experiments.lra_leaderboard RUN_DIR [RUN_DIR ...] [--output FILE.md]
+        [--curve_points N]
 
-Prints a Markdown report (and writes it to ``--output`` when given) with two tables:
+Prints a Markdown report (and writes it to ``--output`` when given) with three tables:
 
 * per model, the test accuracy on each LRA task and their average (only when all six tasks
   have a number), beside the paper rows: LION-S, LION-LIT and Transformer from the LION paper
   (Table 2, arXiv 2502.16249) and S5 from the S5 paper (Table 1, arXiv 2208.04933). Where
   several runs share a model and task, the one with the best validation accuracy is shown;
 * per run: best validation accuracy, test accuracy at that step, steps done, status, wall
-  time, device(s) and the ``--config`` argument.
+  time, device(s) and the ``--config`` argument;
+* per run, its learning curve: validation (test) accuracy at up to ``--curve_points``
+  evaluations (default 8; 0 leaves the table out) spread evenly over the run's, with the best
+  validation and the last evaluation always among them.
 
 A Pathfinder or Path-X run on another set than LRA's (an easier ``data.difficulty`` such as
 ``curv_baseline``, or a generated set of other than LRA's 200,000 images) is not comparable
@@ -143,6 +147,21 @@ def best_eval(records):
     return step, val[step], test.get(step)
 
 
+def curve(records, points):
+    """``[(step, val accuracy, test accuracy or None)]`` at up to ``points`` evaluations spread
+    evenly over the run's (all when it has that few), plus the best validation (as
+    :func:`best_eval`) and the last; ``[]`` before the first evaluation or for ``points`` 0."""
+    val = {r["step"]: r["metrics"]["accuracy"] for r in records if r["split"] == "val"}
+    test = {r["step"]: r["metrics"]["accuracy"] for r in records if r["split"] == "test"}
+    steps = sorted(val)
+    if not steps or points <= 0:
+        return []
+    points = min(points, len(steps))
+    picked = {steps[round(i * (len(steps) - 1) / max(points - 1, 1))] for i in range(points)}
+    picked |= {best_eval(records)[0], steps[-1]}
+    return [(step, val[step], test.get(step)) for step in sorted(picked)]
+
+
 def segments(records):
     """The records split at each ``run`` record (start or resume), in file order."""
     parts = []
@@ -171,7 +190,7 @@ def devices(records):
     return list(dict.fromkeys(found))
 
 
-def run_row(workdir):
+def run_row(workdir, curve_points=8):
     """The report's dict of one workdir (see :func:`collect`)."""
     config, records = read_workdir(workdir)
     try:
@@ -187,20 +206,20 @@ def run_row(workdir):
         "test": best[2] if best else None, "last_step": last_step, "total_steps": total,
         "status": "done" if last_step >= total else "unfinished",
         "wall_time_s": wall_time(records), "devices": devices(records),
-        "configs": config_args(records)}
+        "configs": config_args(records), "curve": curve(records, curve_points)}
 
 
-def collect(workdirs):
+def collect(workdirs, curve_points=8):
     """One dict per workdir: ``workdir``, ``task``, ``model``, ``best_step``, ``best_val``,
     ``test`` (test accuracy at ``best_step``; the three None before the first evaluation),
     ``last_step``, ``total_steps``, ``status`` ("done", or "unfinished": still going on or
-    stopped), ``wall_time_s``, ``devices`` and ``configs`` (the ``--config`` arguments of its
-    starts).
+    stopped), ``wall_time_s``, ``devices``, ``configs`` (the ``--config`` arguments of its
+    starts) and ``curve`` (:func:`curve` with ``curve_points``).
 
     Raises:
       UserError: a workdir lacks config.json or metrics.jsonl, or is not an LRA run.
     """
-    return [run_row(workdir) for workdir in workdirs]
+    return [run_row(workdir, curve_points) for workdir in workdirs]
 
 
 def _val(row):
@@ -262,6 +281,20 @@ def detail_rows(rows):
              ", ".join(row["configs"]) or "-"] for row in rows]
 
 
+def curve_rows(rows):
+    """The curves table's rows: ``step: val (test)`` per point, the best validation in bold;
+    runs without an evaluation are left out."""
+    table = []
+    for row in rows:
+        points = []
+        for step, val, test in row["curve"]:
+            point = f"{step}: {percent(val)} ({percent(test)})"
+            points.append(f"**{point}**" if step == row["best_step"] else point)
+        if points:
+            table.append([row["workdir"], row["model"], ", ".join(points)])
+    return table
+
+
 def render(rows, now=None):
     """The Markdown report of ``collect``'s rows; ``now`` (UTC datetime) dates it."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
@@ -270,6 +303,7 @@ def render(rows, now=None):
     header = (f"LRA leaderboard generated {now:%Y-%m-%d %H:%M} UTC by "
               f"`python -m experiments.lra_leaderboard` from "
               + ", ".join(f"`{row['workdir']}`" for row in rows) + ".")
+    curves = curve_rows(rows)
     return "\n\n".join([
         header,
         "Test accuracy (%) at the step of the best validation accuracy; for ours, the best "
@@ -280,6 +314,9 @@ def render(rows, now=None):
         "Runs (accuracies in %; wall time summed over the run's starts and resumes; a task "
         "in parentheses is another set than LRA's, left out of the table above):",
         markdown_table(list(DETAIL_COLUMNS), detail_rows(rows)),
+        *(["Learning curves: validation accuracy (test accuracy), %, by step; the best "
+           "validation in bold:",
+           markdown_table(["workdir", "model", "step: val (test)"], curves)] if curves else []),
     ]) + "\n"
 
 
@@ -291,9 +328,13 @@ def main(argv=None):
     parser.add_argument("workdirs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--output", metavar="FILE.md",
                         help="also write the Markdown report to this file")
+    parser.add_argument("--curve_points", type=int, default=8, metavar="N",
+                        help="evaluations per run in the learning-curves table (0: no table)")
     args = parser.parse_args(argv)
+    if args.curve_points < 0:
+        parser.error(f"--curve_points must be >= 0, got {args.curve_points}")
     try:
-        report = render(collect(args.workdirs))
+        report = render(collect(args.workdirs, args.curve_points))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None

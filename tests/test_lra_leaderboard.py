@@ -92,9 +92,11 @@ def workdirs(tmp_path, monkeypatch):
     ]
 
 
-def table_lines(report, first_cell):
-    """The Markdown table rows of ``report`` whose first cell starts with ``first_cell``."""
-    return [line for line in report.splitlines() if line.startswith(f"| {first_cell}")]
+def table_lines(report, first_cell, columns=None):
+    """The Markdown table rows of ``report`` whose first cell starts with ``first_cell`` (and
+    that have ``columns`` cells, when given)."""
+    return [line for line in report.splitlines() if line.startswith(f"| {first_cell}")
+            and (columns is None or line.count(" | ") == columns - 1)]
 
 
 def test_collect_numbers(workdirs):
@@ -165,16 +167,16 @@ def test_pathfinder_runs_on_other_sets_are_named_and_kept_out_of_the_summary(
     assert row["task"] == task
     report = lb.render([row])
     assert (table_lines(report, "ours: S5") != []) == (task in lb.TASKS)
-    (line,) = table_lines(report, "runs/pf")
+    (line,) = table_lines(report, "runs/pf", len(lb.DETAIL_COLUMNS))
     assert line.startswith(f"| runs/pf | {task} | S5 | 94.00 | 93.00 |")
 
 
 def test_detail_table(workdirs):
     report = lb.render(lb.collect(workdirs))
-    assert table_lines(report, "workdir") == [
+    assert table_lines(report, "workdir", len(lb.DETAIL_COLUMNS)) == [
         "| workdir | task | model | best val acc | test acc at best val | step of best | steps "
         "| status | wall time (h:mm) | device | config |"]
-    lines = table_lines(report, "runs/")
+    lines = table_lines(report, "runs/", len(lb.DETAIL_COLUMNS))
     assert len(lines) == len(workdirs)
     assert lines[:4] == [
         f"| runs/listops_s_resumed | ListOps | LION-S | 50.00 | 47.00 | 400 | 1000/1000 | done "
@@ -200,7 +202,37 @@ def test_cli_prints_and_writes_markdown(workdirs, capsys):
     assert header.endswith("from " + ", ".join(f"`{w}`" for w in workdirs) + ".")
     tables = [line for line in written.splitlines() if line.startswith("|")]
     assert all(line.endswith("|") for line in tables)
-    assert len(tables) == 2 + 8 + 2 + len(workdirs)  # headers and rules, 4 + 4 rows, runs
+    # headers and rules; 4 + 4 rows; runs; curves of the runs with an evaluation
+    assert len(tables) == 2 + 8 + 2 + len(workdirs) + 2 + len(workdirs) - 1
+    lb.main([*workdirs, "--output", "report.md", "--curve_points", "0"])
+    assert "Learning curves" not in capsys.readouterr().out
+
+
+def test_curve_points_must_not_be_negative(workdirs, capsys):
+    with pytest.raises(SystemExit):
+        lb.main([*workdirs, "--curve_points", "-1"])
+    assert "--curve_points must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_curve_spreads_its_points_and_keeps_the_best_and_the_last():
+    vals = [0.1, 0.2, 0.9, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85]  # best at the 3rd evaluation
+    records = [r for i, v in enumerate(vals) for r in evals(100 * (i + 1), 0.0, v, v / 2)]
+    assert [p[0] for p in lb.curve(records, 4)] == [100, 300, 400, 700, 1000]
+    assert lb.curve(records, 4)[1] == (300, 0.9, 0.45)
+    assert [p[0] for p in lb.curve(records, 20)] == [100 * (i + 1) for i in range(10)]
+    assert [p[0] for p in lb.curve(records, 1)] == [100, 300, 1000]
+    assert lb.curve(records, 0) == []
+    assert lb.curve([train(100, 0.0)], 8) == []
+
+
+def test_curves_table(workdirs):
+    report = lb.render(lb.collect(workdirs, curve_points=3))
+    assert table_lines(report, "workdir | model") == ["| workdir | model | step: val (test) |"]
+    lines = table_lines(report, "runs/", 3)
+    assert lines[0] == ("| runs/listops_s_resumed | LION-S | 200: 40.00 (38.00), "
+                        "**400: 50.00 (47.00)**, 600: 50.00 (52.00), 1000: 49.00 (49.00) |")
+    assert not any(line.startswith("| runs/text_s_noeval") for line in lines)
+    assert lines[1] == "| runs/listops_s_unfinished | LION-S | **250: 60.00 (58.00)** |"
 
 
 def test_render_dates_the_report(workdirs):
