@@ -302,3 +302,22 @@ def test_bad_workdir_errors(tmp_path, monkeypatch, capsys, files, message):
     assert exit_info.value.code == 1
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("", message + "\n")
+
+
+def test_docs_tables_are_the_leaderboards_output(monkeypatch):
+    """docs/benchmarks.md's LRA tables are the output of the command it quotes, run on the run
+    records in docs/lra_runs: every table row that command prints is in the file (so no number
+    there is typed by hand, and a changed record shows up here)."""
+    with open(os.path.join(REPO, "docs", "benchmarks.md")) as f:
+        docs = f.read()
+    (command,) = re.findall(r"`python -m experiments\.lra_leaderboard ([^`]+)`", docs)
+    args = command.split()
+    points = int(args[args.index("--curve_points") + 1]) if "--curve_points" in args else 8
+    workdirs = [a for a in args if a.startswith("docs/lra_runs/")]
+    assert workdirs, command
+    monkeypatch.chdir(REPO)
+    report = lb.render(lb.collect(workdirs, points))
+    rows = [line for line in report.splitlines() if line.startswith("|")]
+    assert len(rows) > 3 * 2 + len(workdirs)
+    missing = [row for row in rows if row not in docs.splitlines()]
+    assert not missing, f"rows of `{command}` not in docs/benchmarks.md: {missing[:3]}"
