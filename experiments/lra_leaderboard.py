@@ -136,11 +136,15 @@ def read_workdir(workdir):
     return config, read_records(paths[1])
 
 
+def accuracies(records, split):
+    """``{step: accuracy}`` of the ``split`` ("val" or "test") evaluation records."""
+    return {r["step"]: r["metrics"]["accuracy"] for r in records if r["split"] == split}
+
+
 def best_eval(records):
     """``(step, val accuracy, test accuracy or None)`` at the best val accuracy (earliest on
     ties), or None before the first evaluation."""
-    val = {r["step"]: r["metrics"]["accuracy"] for r in records if r["split"] == "val"}
-    test = {r["step"]: r["metrics"]["accuracy"] for r in records if r["split"] == "test"}
+    val, test = accuracies(records, "val"), accuracies(records, "test")
     if not val:
         return None
     step = max(sorted(val), key=lambda s: val[s])  # max keeps the first of equal values
@@ -151,8 +155,7 @@ def curve(records, points):
     """``[(step, val accuracy, test accuracy or None)]`` at up to ``points`` evaluations spread
     evenly over the run's (all when it has that few), plus the best validation (as
     :func:`best_eval`) and the last; ``[]`` before the first evaluation or for ``points`` 0."""
-    val = {r["step"]: r["metrics"]["accuracy"] for r in records if r["split"] == "val"}
-    test = {r["step"]: r["metrics"]["accuracy"] for r in records if r["split"] == "test"}
+    val, test = accuracies(records, "val"), accuracies(records, "test")
     steps = sorted(val)
     if not steps or points <= 0:
         return []
