@@ -172,13 +172,12 @@ def apply_lra_variant(c, variant, s5_channel_mixer="half_glu"):
         c.model.update(channel_mixer=s5_channel_mixer, norm="batchnorm")
     if variant == "s5_block":
         c.label = "LION-S, S5 block"
-    elif variant == "s5_complex":
+    elif variant in ("s5_complex", "s5_complex_sigmoid"):
         mixer.decay_init = "hippo_complex"
         c.label = "LION-S complex, S5 block"
-    elif variant == "s5_complex_sigmoid":
-        mixer.update(decay_init="hippo_complex", feature_map="sigmoid", normalize=False,
-                     decay_init_exponents=(10.0, 16.0))
-        c.label = "LION-S complex, sigmoid, no SCALE, S5 block"
+        if variant == "s5_complex_sigmoid":
+            mixer.update(feature_map="sigmoid", normalize=False, decay_init_exponents=(10.0, 16.0))
+            c.label = "LION-S complex, sigmoid, no SCALE, S5 block"
     elif variant == "s5":
         c.model.mixer_kind = "s5"
         c.model.mixer = ml_collections.ConfigDict(dict(dt_range=(0.001, 0.1),
