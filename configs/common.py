@@ -203,7 +203,8 @@ def lra_training(c, *, train_size, batch_size, epochs, weight_decay, warmup_epoc
                  eval_batch_size=None, batch_length_multiple=0):
     """The LRA schedule of paper D.2 with S5's sizes: AdamW at 5e-4, cosine decay after
     ``warmup_epochs`` of linear warmup, ``epochs`` over ``train_size`` examples in batches of
-    ``batch_size``; evaluation and a checkpoint every epoch. ``batch_length_multiple`` > 0:
+    ``batch_size``; evaluation and a checkpoint every epoch; ``init_from`` empty (a fresh
+    start; experiments/tasks/classification.py). ``batch_length_multiple`` > 0:
     training batches of similar lengths, each cut to its longest example rounded up to that
     multiple (``pipeline.LengthBucketIterator``; token tasks only); 0: every batch full length."""
     steps_per_epoch = train_size // batch_size
@@ -218,6 +219,9 @@ def lra_training(c, *, train_size, batch_size, epochs, weight_decay, warmup_epoc
     c.log_every = 100
     c.eval_every = steps_per_epoch
     c.checkpoint_every = steps_per_epoch
+    # A classification run's workdir whose best checkpoint's weights (and BatchNorm statistics)
+    # start this run, e.g. Pathfinder's easiest set before LRA's (docs/pathfinder.md); "" = none
+    c.init_from = ""
     return c
 
 

@@ -77,8 +77,9 @@ class Checkpointer:
         return state, restored.meta
 
     def restore_best_params(self):
-        """``(step, params)`` of the best checkpoint, params as host arrays in the structure
-        they were saved with; None when there is no best checkpoint."""
+        """``(step, params, model_state)`` of the best checkpoint as host arrays in the
+        structure they were saved with (``model_state`` None for a task without one); None
+        when there is no best checkpoint."""
         step = self._best.latest_step()
         if step is None:
             return None
@@ -88,7 +89,7 @@ class Checkpointer:
                               self._best.item_metadata(step)["state"])
         restored = self._best.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target)))
-        return step, restored.state["params"]
+        return step, restored.state["params"], restored.state.get("model_state")
 
     def close(self):
         """Waits for pending saves and releases the managers."""
@@ -97,13 +98,14 @@ class Checkpointer:
             manager.close()
 
 
-def load_best_run(workdir, task, program):
+def load_best_run(workdir, task, program, *, model_state=False):
     """``(config, step, params)``: ``workdir``'s config and best checkpoint, for ``program``
-    (a name for the messages), which applies to ``task`` runs; UserError (one line) when the
-    workdir is not a run, is another task's, or has no best checkpoint yet."""
+    (a name for the messages), which applies to ``task`` runs; ``model_state=True`` adds the
+    checkpoint's model state (e.g. BatchNorm statistics; None when the task has none). UserError
+    (one line) when the workdir is not a run, is another task's, or has no best checkpoint."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        raise UserError(f"{path} not found: --workdir must be the workdir of a training run")
+        raise UserError(f"{path} not found: {program} needs the workdir of a training run")
     with open(path) as f:
         config = ml_collections.ConfigDict(json.load(f))
     if config.task != task:
@@ -116,7 +118,23 @@ def load_best_run(workdir, task, program):
     if restored is None:
         raise UserError(f"{workdir} has no best checkpoint yet (it appears at the first "
                         "evaluation)")
-    return config, *restored
+    return config, *(restored if model_state else restored[:2])
+
+
+def fit_params(fresh, saved, source):
+    """``saved`` (a tree of host arrays) in the structure and dtypes of ``fresh``, e.g. a
+    pre-trained run's weights for a new run's freshly initialised ones. UserError (one line)
+    naming the first leaf whose shape differs (or that only one side has); ``source`` says
+    where ``saved`` came from, e.g. "the encoder of config.init_from"."""
+    want, have = _shapes(fresh), _shapes(saved)
+    if want != have:
+        name = min(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
+        raise UserError(f"{source} does not fit this model: {name} has shape "
+                        f"{have.get(name, 'none')} there and {want.get(name, 'none')} here "
+                        "(different config.model or data?)")
+    leaves = _by_path(saved)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: np.asarray(leaves[_key(path)], dtype=x.dtype), fresh)
 
 
 def _manager(directory, max_to_keep, name):

@@ -339,7 +339,7 @@ def train_and_evaluate(config, workdir, *, task=None, devices=None, config_name=
         if restored is None:
             params, model_state = fresh
             if hasattr(task, "warm_start"):  # e.g. a pre-trained encoder, read on the host
-                params = task.warm_start(params)
+                params, model_state = task.warm_start(params, model_state)
             params, model_state = sharding.put_global(
                 (params, model_state), (params_sharding, state_sharding.model_state))
             state = jax.jit(init_state, out_shardings=state_sharding)(params, model_state)

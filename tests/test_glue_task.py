@@ -108,7 +108,7 @@ def test_encoder_weights_come_from_the_mlm_run(dirs, tmp_path):
     task = get_task(config)
     fresh = nn.meta.unbox(task.init(jax.random.PRNGKey(7)))["params"]
     assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(fresh["encoder"]), saved))
-    params = task.warm_start(jax.device_get(fresh))
+    params, _ = task.warm_start(jax.device_get(fresh), None)
     loaded = jax.tree.leaves(params["encoder"])
     assert len(saved) == len(loaded)
     for a, b in zip(saved, loaded):
@@ -131,7 +131,7 @@ def test_a_mismatched_encoder_is_one_error(dirs):
     task = get_task(config)
     fresh = nn.meta.unbox(task.init(jax.random.PRNGKey(0)))["params"]
     with pytest.raises(UserError, match="does not fit this model"):
-        task.warm_start(jax.device_get(fresh))
+        task.warm_start(jax.device_get(fresh), None)
 
 
 def _random_config(dirs, task):

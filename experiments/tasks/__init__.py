@@ -53,8 +53,9 @@ class Task(Protocol):
     #   to ``split_metrics(split, {name: np.ndarray [N]}) -> {metric: float}`` (metrics of the
     #   whole split, e.g. a rank correlation); ``split_metric_names`` lists the keys it
     #   returns (``config.best_metric`` may name one).
-    # warm_start(params) -> params: called once on the fresh parameters (host numpy arrays,
-    #   unboxed) before the first step of a new run, e.g. to load a pre-trained encoder.
+    # warm_start(params, model_state) -> (params, model_state): called once on the fresh
+    #   parameters and model state (host numpy arrays, unboxed; model_state None for a task
+    #   without one) before the first step of a new run, e.g. to load a pre-trained encoder.
     # state_collections: tuple[str, ...] -- model variables other than "params" that training
     #   updates (BatchNorm's "batch_stats"). When not empty, ``init`` returns them too and
     #   ``loss(params, batch, rng, *, train, model_state)`` takes ``{collection: variables}``

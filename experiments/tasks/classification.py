@@ -11,16 +11,27 @@ come from the dataset. Pair data gets a ``DualEncoderClassifier`` around that en
 (``config.model.pair_mlp_dim``: the width of its head). A bad model key or value stops with one
 line naming it, before anything is compiled.
 
+Warm start (:meth:`ClassificationTask.warm_start`, the trainer's hook before a new run's first
+step): with ``config.init_from`` set to another classification run's workdir, that run's best
+checkpoint replaces the fresh parameters and model state (BatchNorm statistics), leaf by leaf;
+the shapes must match (else one ``error:`` line naming the first that differs). The optimizer
+state, step and schedule start fresh; a resumed run reads its own checkpoint instead. A
+curriculum: Pathfinder's easiest set, then LRA's (docs/pathfinder.md).
+
 Loss: softmax cross-entropy; metrics: loss, accuracy.
 """
+
+import os
 
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments.checkpointing import fit_params, load_best_run
 from experiments.data.listops import majority_class_rate
 from experiments.data.pipeline import BatchIterator, LengthBucketIterator
 from experiments.errors import UserError
+from experiments.progress import echo
 from experiments.tasks import load_dataset
 
 SPLITS = ("train", "val", "test")
@@ -129,10 +140,26 @@ class ClassificationTask:
             raise UserError(f"bad config.model{'.' + key if key else ''}: {message}") from e
         self._seq_len = self.splits["train"][self._inputs_keys[0]].shape[1]
         self.state_collections = ("batch_stats",) if config.model.norm == "batchnorm" else ()
+        self._init_from = str(config.get("init_from") or "")
 
     def init(self, rng):
         tokens = [jnp.zeros((1, self._seq_len), jnp.int32)] * len(self._inputs_keys)
         return self.model.init({"params": rng}, *tokens, train=False)
+
+    def warm_start(self, params, model_state):
+        """The best checkpoint of ``config.init_from`` in place of the fresh ``params`` and
+        ``model_state`` (host arrays; module docstring); unchanged when it is empty."""
+        if not self._init_from:
+            return params, model_state
+        source = f"config.init_from={self._init_from!r}"
+        _, step, saved, saved_state = load_best_run(
+            os.path.expanduser(self._init_from), "classification", source, model_state=True)
+        if (saved_state is None) != (model_state is None):
+            raise UserError(f"{source}: one of the two models has BatchNorm statistics and the "
+                            "other not (config.model.norm differs); use the same model")
+        echo(f"Warm start from {self._init_from}: its best checkpoint, step {step}")
+        return (fit_params(params, saved, f"the best checkpoint of {source}"),
+                None if model_state is None else fit_params(model_state, saved_state, source))
 
     def loss(self, params, batch, rng, *, train, model_state=None):
         """Per-example cross-entropy and accuracy; with BatchNorm (``state_collections``) also

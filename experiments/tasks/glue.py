@@ -48,6 +48,7 @@ import numpy as np
 import optax
 
 from experiments import glue_metrics
+from experiments.checkpointing import fit_params, load_best_run
 from experiments.data import glue as glue_data
 from experiments.data import mlm as mlm_data
 from experiments.data.pipeline import BatchIterator
@@ -118,11 +119,6 @@ def _run_tokenizer(run_config):
     return mlm_data.load_tokenizer(**kwargs)
 
 
-def _shapes(tree):
-    return {jax.tree_util.keystr(p, simple=True, separator="/"): tuple(np.shape(x))
-            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
 class GlueTask:
     """GLUE fine-tuning (module docstring; interface in experiments/tasks/__init__.py)."""
 
@@ -182,7 +178,6 @@ class GlueTask:
                     f"(Table 8), but config.init_from={init_from!r} is an MLM run: fine-tune "
                     "MNLI from it first (configs/glue/glue.py with --config.data.task=mnli) and "
                     "pass that workdir, or pass --config.from_mnli=False")
-            from experiments.checkpointing import load_best_run
             _, self.init_step, params = load_best_run(
                 os.path.expanduser(init_from), run_config["task"], "GLUE fine-tuning")
             if "encoder" not in params:
@@ -266,23 +261,14 @@ class GlueTask:
         return self.model.init({"params": rng}, tokens, train=False,
                                token_types=jnp.zeros_like(tokens))
 
-    def warm_start(self, params):
+    def warm_start(self, params, model_state):
         """``params`` (fresh, on the host) with ``params["encoder"]`` replaced by the init
         run's encoder (the trainer's hook, called once before the first step)."""
         if self.init_params is None:
-            return params
-        fresh = params["encoder"]
-        fresh_shapes, saved = _shapes(fresh), _shapes(self.init_params)
-        if fresh_shapes != saved:
-            name = min(k for k in fresh_shapes.keys() | saved.keys()
-                       if fresh_shapes.get(k) != saved.get(k))
-            raise UserError(
-                f"the encoder of config.init_from does not fit this model: encoder/{name} has "
-                f"shape {saved.get(name, 'none')} there and {fresh_shapes.get(name, 'none')} "
-                "here (different config.model or vocabulary?)")
-        loaded = jax.tree.map(lambda x, value: np.asarray(value, dtype=x.dtype), fresh,
-                              self.init_params)
-        return {**params, "encoder": loaded}
+            return params, model_state
+        encoder = fit_params(params["encoder"], self.init_params,
+                             "the encoder of config.init_from")
+        return {**params, "encoder": encoder}, model_state
 
     def outputs(self, params, batch, rng=None, *, train=False):
         """``[B, num_labels]`` logits, or ``[B]`` scores (STS-B)."""
