@@ -30,8 +30,8 @@ pads the embedding, e.g. to a paper's vocabulary; a smaller one is an error); ``
 the data's row length (LLaMA's KV-cache capacity, the longest prompt + generation);
 ``mixer`` (token-mixer keyword arguments over :data:`lion_jax.models.lm.DEFAULT_MIXER`),
 ``norm``, ``embed_init_std``, ``remat`` (recompute each block in the backward pass: long
-contexts and big models in less memory); ``dtype`` / ``param_dtype`` are names ("bfloat16"). A bad key or
-value stops with one line naming it, before anything is compiled.
+contexts and big models in less memory); ``dtype`` / ``param_dtype`` are names ("bfloat16").
+A bad key or value stops with one line naming it, before anything is compiled.
 """
 
 import jax
