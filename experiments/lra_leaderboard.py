@@ -18,7 +18,8 @@ Prints a Markdown report (and writes it to ``--output`` when given) with three t
 A Pathfinder or Path-X run on another set than LRA's (an easier ``data.difficulty`` such as
 ``curv_baseline``, or a generated set of other than LRA's 200,000 images) is not comparable
 with the paper: its task reads e.g. ``Pathfinder (curv_baseline)``, and it appears in the run
-table only.
+table only. The same holds for a run started from another run's weights (``config.init_from``,
+e.g. a curriculum; the paper trains from scratch): ``Pathfinder (warm start from pf_easy)``.
 
 Every number in our rows comes from the workdirs (``config.json`` and ``metrics.jsonl``, see
 experiments/progress.py). As LRA and S5 report, a run's accuracy is the test accuracy at the
@@ -62,28 +63,34 @@ DETAIL_COLUMNS = ("workdir", "task", "model", "best val acc", "test acc at best 
 
 def task_name(config):
     """The LRA column of a run from ``config["data"]`` (``name``, ``resolution``; for
-    Pathfinder also ``difficulty``, ``source`` and ``num_examples``); a Pathfinder set other
-    than LRA's is named in parentheses (module docstring), which no column of the summary
-    takes."""
+    Pathfinder also ``difficulty``, ``source`` and ``num_examples``) and ``init_from``. A run
+    not comparable with the paper's protocol is named with the difference in parentheses,
+    which no column of the summary takes (module docstring): a Pathfinder set other than
+    LRA's, or a start from another run's weights (``init_from``, "warm start from <its
+    directory's name>")."""
     data = config["data"]
     name = data["name"]
+    other = []
     if name == "pathfinder":
         resolution = data.get("resolution", 32)
         if resolution not in PATHFINDER_TASKS:
             raise UserError(f"data.resolution={resolution} is not an LRA Pathfinder size "
                             f"({', '.join(map(str, PATHFINDER_TASKS))})")
-        other = []
         if data.get("difficulty", LRA_DIFFICULTY) != LRA_DIFFICULTY:
             other.append(data["difficulty"])
         if data.get("source", "generate") == "generate" and data.get(
                 "num_examples", LRA_PATHFINDER_IMAGES) != LRA_PATHFINDER_IMAGES:
             other.append(f"{data['num_examples']:,} images")
         task = PATHFINDER_TASKS[resolution]
-        return f"{task} ({', '.join(other)})" if other else task
-    if name not in DATA_TASKS:
+    elif name in DATA_TASKS:
+        task = DATA_TASKS[name]
+    else:
         raise UserError(f"data.name={name!r} is not an LRA task "
                         f"({', '.join([*DATA_TASKS, 'pathfinder'])})")
-    return DATA_TASKS[name]
+    if config.get("init_from"):
+        other.append("warm start from "
+                     + os.path.basename(os.path.normpath(config["init_from"])))
+    return f"{task} ({', '.join(other)})" if other else task
 
 
 def model_name(config):
@@ -315,7 +322,8 @@ def render(rows, now=None):
         markdown_table(["model", *TASKS, "Avg"], summary_rows(rows) + paper),
         SOURCES,
         "Runs (accuracies in %; wall time summed over the run's starts and resumes; a task "
-        "in parentheses is another set than LRA's, left out of the table above):",
+        "in parentheses is another set than LRA's or a start from another run's weights, "
+        "left out of the table above):",
         markdown_table(list(DETAIL_COLUMNS), detail_rows(rows)),
         *(["Learning curves: validation accuracy (test accuracy), %, by step; the best "
            "validation in bold:",

@@ -156,11 +156,18 @@ def test_average_needs_all_six_tasks(workdirs):
     (dict(resolution=128, difficulty="curv_baseline"), "Path-X (curv_baseline)"),
     (dict(difficulty="curv_contour_length_14", num_examples=200_000), "Pathfinder"),
     (dict(source="files", num_examples=64), "Pathfinder"),  # LRA's release: no generated size
+    (dict(init_from="workdir/lra/pf_easy/"), "Pathfinder (warm start from pf_easy)"),
+    (dict(difficulty="curv_baseline", init_from="runs/a"),
+     "Pathfinder (curv_baseline, warm start from a)"),
+    (dict(init_from=""), "Pathfinder"),  # every LRA config has the key, empty
 ])
-def test_pathfinder_runs_on_other_sets_are_named_and_kept_out_of_the_summary(
+def test_runs_not_comparable_with_the_paper_are_named_and_kept_out_of_the_summary(
         tmp_path, monkeypatch, data, task):
     monkeypatch.chdir(tmp_path)
     config = make_config("pathfinder", steps=100, label="S5")
+    data = dict(data)
+    if "init_from" in data:
+        config["init_from"] = data.pop("init_from")
     config["data"].update(data)
     path = write_workdir("pf", config, [run_record(0, 0.0), *evals(100, 10.0, 0.94, 0.93)])
     (row,) = lb.collect([path])
@@ -169,6 +176,12 @@ def test_pathfinder_runs_on_other_sets_are_named_and_kept_out_of_the_summary(
     assert (table_lines(report, "ours: S5") != []) == (task in lb.TASKS)
     (line,) = table_lines(report, "runs/pf", len(lb.DETAIL_COLUMNS))
     assert line.startswith(f"| runs/pf | {task} | S5 | 94.00 | 93.00 |")
+
+
+def test_a_warm_start_is_named_on_every_task():
+    config = make_config("listops")
+    config["init_from"] = "/runs/listops_short"
+    assert lb.task_name(config) == "ListOps (warm start from listops_short)"
 
 
 def test_detail_table(workdirs):
