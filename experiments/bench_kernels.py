@@ -307,6 +307,13 @@ def sweep(B, L, H, dims, reps, rng):
             k, v, g, bv=64, with_z=True, reverse=BOTH, backend="triton"),
         "causal forward": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
             q, k, v, g, out_dtype=jnp.bfloat16),
+        "causal forward, one Mosaic kernel (fused=True)": lambda q, k, v, dy, g, *_: (
+            chunk_scan_two_pass(q, k, v, g, out_dtype=jnp.bfloat16, fused=True)),
+        "causal forward, states kept": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
+            q, k, v, g, out_dtype=jnp.bfloat16, return_states=True),
+        "causal forward, states kept, one Mosaic kernel": lambda q, k, v, dy, g, *_: (
+            chunk_scan_two_pass(q, k, v, g, out_dtype=jnp.bfloat16, return_states=True,
+                                fused=True)),
         "causal backward, recomputed": lambda q, k, v, dy, g, s, *_: causal_backward(
             q, k, v, g, None, dy, s),
         "LION forward": lambda q, k, v, dy, g, *_: bidirectional_scan(q, k, v, g,

@@ -23,7 +23,9 @@ exponents are chunk-local and summed directly (``chunk_scan.decay_factors``).
 :func:`chunk_states` is shared with the fused kernels (``bidirectional.py``,
 ``causal_backward.py``). It runs the Triton states kernel below or, on Hopper GPUs, the Mosaic
 GPU walk of ``mosaic_states.py`` (same results; :func:`walk_backend` picks, ``backend=``
-forces one); the output kernels are Triton-lowered either way.
+forces one); the output kernels are Triton-lowered either way. With ``fused=True`` a forward
+scan whose walk runs on Mosaic GPU takes ``mosaic_causal.py`` instead: the walk and the outputs
+in one kernel, the states kept in registers (:func:`fused_forward` says when).
 """
 
 import functools
@@ -36,6 +38,8 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, fit_layout, pad_layout, pad_state,
                                        stacked_decay_factors, walk_directions, walk_in_runs)
+from pallas_kernels.mosaic_causal import causal_forward_mosaic
+from pallas_kernels.mosaic_causal import supported as fused_forward_reason
 from pallas_kernels.mosaic_states import chunk_states_mosaic
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 
@@ -309,6 +313,19 @@ def chunk_states(k, v, g, s0, *, chunk, bv, reverse, precision, interpret, num_s
     return walk_in_runs(walk, d, s0, reverse=reverse, splits=splits, with_z=with_z)
 
 
+def fused_forward(q, k, v, *, chunk, reverse, strict, out_dtype, backend, interpret):
+    """Whether :func:`chunk_scan_two_pass` can take the fused Mosaic GPU forward kernel for
+    these padded inputs: a forward, non-strict scan writing the input dtype, whose states walk
+    would run on Mosaic GPU (:func:`walk_backend`) and whose layout the fused kernel takes
+    (``mosaic_causal.supported``)."""
+    if reverse or strict or jnp.dtype(out_dtype) != q.dtype:
+        return False
+    if fused_forward_reason(q, v, chunk) is not None:
+        return False
+    return walk_backend(k, v, chunk=chunk, bv=WALK_BLOCK_V, backend=backend,
+                        interpret=interpret) == "mosaic"
+
+
 def backward_layout(q, k, v, dy, log_decay, *, max_dim, chunk, interpret, num_warps,
                     num_stages, splits, backend):
     """The shared set-up of the fused backward kernels (causal and LION).
@@ -344,11 +361,11 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, *, reverse, strict,
 @functools.partial(jax.jit, static_argnames=("reverse", "strict", "chunk", "block_v",
                                              "out_dtype", "interpret", "num_warps",
                                              "num_stages", "splits", "return_states",
-                                             "backend"))
+                                             "backend", "fused"))
 def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False, strict=False,
                         chunk=64, block_v=None, out_dtype=jnp.float32, interpret=False,
                         num_warps=None, num_stages=2, splits=None, return_states=False,
-                        backend=None):
+                        backend=None, fused=False):
     """:func:`pallas_kernels.chunk_scan` computed chunk-parallel (same arguments and results).
 
     Args:
@@ -363,6 +380,9 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
       return_states: also return the states entering every chunk, ``h [B, H, N, Kp, Vp]`` in
         the input dtype, padded to the tile layout (``pad_layout``), for a backward pass.
       backend: the states walk's kernel (see :func:`walk_backend`; the output kernel is Triton).
+      fused: where :func:`fused_forward` holds, one Mosaic GPU kernel walks the chunks and
+        writes the outputs (``mosaic_causal.py``). Off by default until it has been compiled
+        and timed on a Hopper GPU (tested in the Mosaic GPU interpreter only).
     Returns:
       ``(o [B, L, H, V] out_dtype, state [B, H, K, V] float32[, h])``.
     """
@@ -374,6 +394,16 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     chunk, bv = fitted_chunk(chunk, kp, bv, q.dtype, 4, return_states)
     g = log_decay.astype(jnp.float32)
     s0 = pad_state(initial_state, kp, vp)
+    if fused and fused_forward(q, k, v, chunk=chunk, reverse=reverse, strict=strict, out_dtype=out_dtype,
+                     backend=backend, interpret=interpret):
+        nvb = vp // WALK_BLOCK_V
+        splits = splits or pick_splits(B * H * nvb, L // chunk, kp * WALK_BLOCK_V,
+                                       backend="mosaic")
+        outs = causal_forward_mosaic(
+            q, k, v, g, s0, chunk=chunk, splits=splits, store_states=return_states,
+            interpret=plgpu.InterpretGPUParams() if interpret else None)
+        o, state = outs[0][..., :V], outs[1][:, :, :K, :V]
+        return (o, state, outs[2]) if return_states else (o, state)
     h, state = chunk_states(k, v, g, s0, chunk=chunk, bv=min(bv, WALK_BLOCK_V), reverse=reverse,
                             precision=precision, interpret=interpret, splits=splits,
                             backend=backend)

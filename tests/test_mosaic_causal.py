@@ -1,0 +1,161 @@
+"""pallas_kernels.mosaic_causal (the fused Mosaic GPU causal forward) against float64 numpy.
+
+CPU (default): the kernel runs in the Mosaic GPU interpreter (``plgpu.InterpretGPUParams``).
+GPU (``LION_TEST_GPU=1``, compute capability >= 9.0): compiled with Mosaic GPU, and also
+compared with the two-pass kernels. Errors are ``||a - b|| / ||b||`` against a float64 token
+walk of the same 16-bit inputs; the op-level tests (forward and gradients through
+``causal_linear_attention(backend="mosaic")``) are ``test_pallas_kernels.test_mosaic_backend``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import two_pass
+from pallas_kernels.mosaic_causal import causal_forward_mosaic, supported
+
+ON_GPU = jax.default_backend() == "gpu"
+if ON_GPU and float(getattr(jax.devices()[0], "compute_capability", "0")) < 9.0:
+    pytest.skip("Mosaic GPU kernels need compute capability >= 9.0", allow_module_level=True)
+INTERPRET = None if ON_GPU else plgpu.InterpretGPUParams()
+# y and h in the input dtype (W, the decayed queries and keys and the state rounded to it);
+# the final state in float32 from the same rounded operands
+Y_TOL, H_TOL, FINAL_TOL = 5e-3, 5e-3, 2e-3
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.all(np.isfinite(a)), "non-finite values in the kernel's result"
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def reference(q, k, v, g, s0, chunk):
+    """float64 token walk: ``y [B, L, H, V]``, the states entering each chunk
+    ``h [B, H, N, K, V]`` and the final state ``[B, H, K, V]``."""
+    q, k, v, g = (np.asarray(x, np.float64) for x in (q, k, v, g))
+    B, L, H, K = q.shape
+    state = np.zeros((B, H, K, v.shape[-1])) if s0 is None else np.asarray(s0, np.float64)
+    y, h = np.zeros(v.shape), np.zeros((B, H, L // chunk) + state.shape[2:])
+    for i in range(L):
+        if i % chunk == 0:
+            h[:, :, i // chunk] = state
+        state = (np.exp(g[:, i])[..., None, None] * state
+                 + np.einsum("bhk,bhv->bhkv", k[:, i], v[:, i]))
+        y[:, i] = np.einsum("bhk,bhkv->bhv", q[:, i], state)
+    return y, h, state
+
+
+def inputs(seed, B, L, H, K, V, dtype, decay):
+    """q, k at the scale of normalised features, v ~ N(0, 1), log-decays by ``decay``."""
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((B, L, H, K)) * K ** -0.5, dtype)
+    k = jnp.asarray(rng.standard_normal((B, L, H, K)) * K ** -0.5, dtype)
+    v = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
+    if decay == "mild":
+        g = -rng.uniform(0.0, 0.1, (B, L, H))
+    else:  # "strong": down to -20 per token, with mild stretches
+        g = np.where(rng.random((B, L, H)) < 0.2, -rng.uniform(0, 20, (B, L, H)),
+                     -rng.uniform(0, 0.05, (B, L, H)))
+    return q, k, v, jnp.asarray(g, jnp.float32)
+
+
+CASES = [  # L, K, V, dtype, decay, initial state, splits, store_states
+    (256, 64, 64, jnp.bfloat16, "mild", False, 1, True),
+    (320, 64, 128, jnp.bfloat16, "strong", True, 1, True),
+    (512, 128, 64, jnp.bfloat16, "mild", True, 4, True),
+    (256, 128, 128, jnp.float16, "strong", False, 2, False),
+    (512, 64, 64, jnp.bfloat16, "strong", True, 8, False),
+]
+
+
+@pytest.mark.parametrize("L,K,V,dtype,decay,with_s0,splits,store", CASES)
+def test_against_float64(L, K, V, dtype, decay, with_s0, splits, store):
+    seed = np.random.SeedSequence().entropy % 2**32
+    B, H = 2, 3
+    q, k, v, g = inputs(seed, B, L, H, K, V, dtype, decay)
+    s0 = None
+    if with_s0:
+        s0 = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((B, H, K, V)) * 0.3,
+                         jnp.float32)
+    outs = jax.jit(lambda *a: causal_forward_mosaic(
+        *a, splits=splits, store_states=store, interpret=INTERPRET))(q, k, v, g, s0)
+    assert outs[0].dtype == dtype and outs[0].shape == v.shape
+    assert outs[1].dtype == jnp.float32 and outs[1].shape == (B, H, K, V)
+    y, h, final = reference(q, k, v, g, s0, 64)
+    errors = {"y": rel_err(outs[0], y), "final": rel_err(outs[1], final)}
+    if store:
+        assert outs[2].dtype == dtype and outs[2].shape == (B, H, L // 64, K, V)
+        errors["h"] = rel_err(outs[2], h)
+    msg = f"seed {seed}: {errors}"
+    assert errors["y"] <= Y_TOL and errors["final"] <= FINAL_TOL, msg
+    assert errors.get("h", 0.0) <= H_TOL, msg
+
+
+def test_runs_agree():
+    """Cutting the chunks into runs (a walk of run ends, their scan, then the runs from their
+    states) gives the single walk's results to the rounding of the run states."""
+    q, k, v, g = inputs(7, 1, 1024, 2, 64, 64, jnp.bfloat16, "mild")
+    call = jax.jit(lambda splits: causal_forward_mosaic(q, k, v, g, splits=splits,
+                                                        interpret=INTERPRET),
+                   static_argnums=0)
+    one = call(1)
+    for splits in (2, 16):
+        many = call(splits)
+        assert rel_err(many[0], one[0]) <= 2e-3 and rel_err(many[1], one[1]) <= 1e-5
+
+
+def test_strongest_decay_no_nan():
+    """log-decay -20 on every token: e^A underflows to 0 within a chunk, no inf or NaN."""
+    q, k, v, _ = inputs(3, 1, 256, 2, 64, 64, jnp.bfloat16, "mild")
+    g = jnp.full((1, 256, 2), -20.0, jnp.float32)
+    y, final = causal_forward_mosaic(q, k, v, g, interpret=INTERPRET)
+    want, _, want_final = reference(q, k, v, g, None, 64)
+    assert rel_err(y, want) <= Y_TOL and rel_err(final, want_final) <= FINAL_TOL
+
+
+def test_two_pass_takes_the_fused_kernel(monkeypatch):
+    """chunk_scan_two_pass(fused=True) routes forward, non-strict 16-bit scans on the Mosaic
+    walk to the fused kernel (with the two-pass results of fused=False, the default); reverse,
+    strict and float32-output scans keep the two passes."""
+    q, k, v, g = inputs(11, 1, 256, 2, 64, 64, jnp.bfloat16, "mild")
+    calls = []
+    original = two_pass.causal_forward_mosaic
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(two_pass, "causal_forward_mosaic", spy)
+    scan = lambda **kw: two_pass.chunk_scan_two_pass(  # noqa: E731
+        q, k, v, g, out_dtype=jnp.bfloat16, backend="mosaic", interpret=not ON_GPU, **kw)
+    fused = scan(return_states=True, fused=True)
+    assert len(calls) == 1 and calls[0]["store_states"]
+    for kw in (dict(reverse=True), dict(strict=True)):
+        scan(fused=True, **kw)
+    two_pass.chunk_scan_two_pass(q, k, v, g, out_dtype=jnp.float32, backend="mosaic",
+                                 interpret=not ON_GPU, fused=True)
+    assert len(calls) == 1
+    plain = scan(return_states=True)
+    assert len(calls) == 1
+    for got, want in zip(fused, plain):
+        assert rel_err(got, want) <= 5e-3
+
+
+def test_supported_reasons():
+    def shape(kp, L=256, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct((1, L, 2, kp), dtype)
+
+    assert supported(shape(64), shape(64)) is None
+    assert supported(shape(128), shape(256)) is None
+    f32 = shape(64, dtype=jnp.float32)
+    assert "bf16 or fp16" in supported(f32, f32)
+    assert "Kp = 64 or 128" in supported(shape(256), shape(64))
+    assert "Kp = 64 or 128" in supported(shape(64), shape(96))
+    assert "chunks of 64" in supported(shape(64), shape(64), chunk=128)
+    assert "chunks of 64" in supported(shape(64, L=200), shape(64, L=200))
+    assert "shared memory" in supported(shape(128), shape(128), stages=8)
+    with pytest.raises(ValueError, match="splits must divide"):
+        causal_forward_mosaic(*inputs(0, 1, 256, 1, 64, 64, jnp.bfloat16, "mild"), splits=3,
+                              interpret=INTERPRET)
