@@ -142,12 +142,13 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, s0_ref, *refs, chunk, run, bv, stages
                                     wgmma_layout)
             # exponents <= 0 where kept (A does not increase along the chunk)
             w = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
-            q = plgpu.load(q_s, layout=wgmma_layout).astype(f32)
-            k = plgpu.load(k_s, layout=wgmma_layout).astype(f32)
-            # q, k are done with (Q K^T has been read): the decayed ones take their tiles
-            q_s[...] = (q * rows_of(plgpu.load(eh_s, layout=row_layout), q.shape)).astype(dtype)
-            k_s[...] = (k * rows_of(plgpu.load(et_s, layout=row_layout), k.shape)).astype(dtype)
             w_s[...] = w.astype(dtype)
+            # q, k are done with (Q K^T has been read): the decayed ones take their tiles, one
+            # after the other (fewer registers live at Kp = 128)
+            for x_s, factor_s in ((q_s, eh_s), (k_s, et_s)):
+                x = plgpu.load(x_s, layout=wgmma_layout).astype(f32)
+                factor = rows_of(plgpu.load(factor_s, layout=row_layout), x.shape)
+                x_s[...] = (x * factor).astype(dtype)
             plgpu.commit_smem()  # visible to the wgmmas
             decay = eh_s[chunk - 1]  # exp(A_last): the chunk's decay
 
