@@ -63,7 +63,8 @@ from pallas_kernels.causal_backward import causal_backward
 from pallas_kernels.causal_backward import supported as causal_backward_supported
 from pallas_kernels.chunk_scan import chunk_scan, fit_layout
 from pallas_kernels.pair_sums import causal_pair_sums, lion_pair_sums
-from pallas_kernels.per_feature import chunk_scan_per_feature, chunk_states_per_feature
+from pallas_kernels.per_feature import (FLOAT32_X3, chunk_scan_per_feature,
+                                       chunk_states_per_feature)
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 from pallas_kernels.two_pass import (BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper,
                                      output_block_v)
@@ -129,7 +130,8 @@ def _causal_fwd(q, k, v, g, s0, cfg):
 
 
 def _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg):
-    """Gradients of the per-feature op, every scan on float32 operands (exact float32 dots).
+    """Gradients of the per-feature op, every scan on float32 operands (float32 products: exact
+    for float32 inputs, three bf16 parts for 16-bit ones).
 
     dq, dk without the diagonal pairs (``dq_s``, ``dk_s``), and with ``D_n`` the queries' state
     at the end of chunk n (``sum_{i > end} diag(exp(A_i - A_end)) q_i do_i^T`` plus the decayed
@@ -151,8 +153,12 @@ def _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg):
     """
     f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
     q32, k32, v32, dy32 = (f32(x) for x in (q, k, v, dy))
+    # 16-bit inputs: the float32 operands' products on the tensor cores as three bf16 parts
+    # (per_feature.FLOAT32_X3); float32 inputs keep exact float32 products
+    cfg = dict(cfg, precision=None if q.dtype == jnp.float32 else FLOAT32_X3)
     states, final = chunk_states_per_feature(k32, v32, g, s0, chunk=cfg["chunk"],
-                                             interpret=cfg["interpret"])
+                                             interpret=cfg["interpret"],
+                                             precision=cfg["precision"])
     dv, ds0, queries = chunk_scan_per_feature(k32, q32, dy32, g, d_state, reverse=True,
                                               return_states=True, **cfg)
     dq, _ = chunk_scan_per_feature(dy32, v32, k32, g, decay_on="value", strict=True,

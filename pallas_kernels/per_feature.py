@@ -70,6 +70,13 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state
 
 _EXACT = jax.lax.Precision.HIGHEST
+# Products of float32 operands as three bf16 tensor-core products (each operand as a bf16 high
+# part and a bf16 low part; the low parts' product dropped), accumulated in float32: about 16
+# bits of each operand, for the float32 scans of the 16-bit per-feature backward
+# (``linear_attention._per_feature_bwd``), where IEEE float32 products leave the tensor cores
+# idle. CPU, interpret mode (docs/benchmarks.md, "Per-feature decay's backward by float32
+# scans"): d log_decay 7.8e-7 from float64 against 6.2e-3 with the scans on bf16 operands.
+FLOAT32_X3 = jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3
 FAST_RANGE = 20.0  # chunks whose log-decays sum to >= -FAST_RANGE per feature: one product
 PREFIX_BLOCK_K = 32  # K rows per prefix_states program (docs/kernels.md)
 
@@ -337,11 +344,11 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
 
 @functools.partial(jax.jit, static_argnames=("decay_on", "reverse", "strict", "chunk",
                                              "block_v", "out_dtype", "interpret", "num_warps",
-                                             "num_stages", "return_states"))
+                                             "num_stages", "return_states", "precision"))
 def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="key",
                            reverse=False, strict=False, chunk=64, block_v=64,
                            out_dtype=jnp.float32, interpret=False, num_warps=None,
-                           num_stages=2, return_states=False, states=None):
+                           num_stages=2, return_states=False, states=None, precision=None):
     """Decayed linear scan with per-feature decay (see the module docstring).
 
     Args:
@@ -357,6 +364,8 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
       states: None, or those states ``[B, H, N, K, V]`` float32 (as ``return_states`` gives
         them, the initial state included) when the caller has them: the state passes are
         skipped and the final state returned is None. Not with ``initial_state``.
+      precision: of the kernels' products (None: ``chunk_scan.pad_layout``'s, exact float32
+        for float32 inputs); see :data:`FLOAT32_X3`.
     Returns:
       ``(o [B, L, H, V] out_dtype, final state [B, H, K, V] float32)``, with
       ``return_states`` also ``states [B, H, N, K, V]`` float32 (N = L / chunk): forward,
@@ -375,7 +384,7 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
                              f" = {want}; got {states.shape}")
     kwargs = dict(decay_on=decay_on, strict=strict, chunk=chunk, block_v=block_v,
                   out_dtype=out_dtype, interpret=interpret, num_warps=num_warps,
-                  num_stages=num_stages, return_states=return_states)
+                  num_stages=num_stages, return_states=return_states, precision=precision)
     if reverse:  # the reverse recurrence decays on leaving a token: shift by one, then flip
         flip = functools.partial(jnp.flip, axis=1)
         g = jnp.concatenate([log_decay[:, 1:], jnp.zeros_like(log_decay[:, :1])], axis=1)
@@ -389,7 +398,8 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     on_key = decay_on == "key"
     B, L, H, K = q.shape
     V = v.shape[-1]
-    q, k, v, kp, bv, vp, precision, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
+    q, k, v, kp, bv, vp, exact, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
+    precision = precision or exact
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp if on_key else vp)
     if states is None:
         s_in, state = _padded_states(k, v, g, initial_state, on_key=on_key, chunk=chunk,
@@ -413,17 +423,19 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     return out + (s_in[..., :K, :V],) if return_states else out
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "interpret"))
+@functools.partial(jax.jit, static_argnames=("chunk", "interpret", "precision"))
 def chunk_states_per_feature(k, v, log_decay, initial_state=None, *, chunk=64,
-                             interpret=False):
+                             interpret=False, precision=None):
     """The forward key-decay scan's states only (passes A and B, no outputs).
 
-    Args: k ``[B, L, H, K]``, v ``[B, L, H, V]``, log_decay ``[B, L, H, K]`` and initial_state
-    as for :func:`chunk_scan_per_feature` (decay_on="key"). Returns ``(states [B, H, N, K, V],
-    final [B, H, K, V])`` float32, ``states`` as that function's ``return_states``.
+    Args: k ``[B, L, H, K]``, v ``[B, L, H, V]``, log_decay ``[B, L, H, K]``, initial_state
+    and precision as for :func:`chunk_scan_per_feature` (decay_on="key"). Returns
+    ``(states [B, H, N, K, V], final [B, H, K, V])`` float32, ``states`` as that function's
+    ``return_states``.
     """
     K, V = k.shape[-1], v.shape[-1]
-    _, k, v, kp, bv, vp, precision, params = pad_layout(k, k, v, 64, None, 2)
+    _, k, v, kp, bv, vp, exact, params = pad_layout(k, k, v, 64, None, 2)
+    precision = precision or exact
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp)
     s_in, state = _padded_states(k, v, g, initial_state, on_key=True, chunk=chunk, bv=bv,
                                  kp=kp, vp=vp, params=params, precision=precision,
