@@ -53,17 +53,24 @@ STAGES = 2
 CHUNK = 64
 
 
-def _smem_bytes(chunk, kp, bv, itemsize, stages):
-    """Shared memory of ``stages`` pipeline steps of inputs (16-bit q, k, v tiles and three
-    float32 rows), the two steps of y and state buffers, the W tile, A's transposed tile and
-    the float32 state tile of the first and last state."""
-    step = (2 * chunk * kp + chunk * bv) * itemsize + 3 * 4 * chunk
+def _smem_bytes(chunk, kp, bv, itemsize, stages, per_feature):
+    """Shared memory of the walk: ``stages`` pipeline steps of inputs (16-bit q, k, v tiles and
+    the decays: three float32 rows, or per feature a float32 ``[C, Kp]`` tile and a row), the
+    two steps of y and state buffers, the W tile and (scalar decay) A's transposed tile. (The
+    float32 state tile of the first and last state is scoped apart, before and after.)"""
+    decays = 4 * (chunk * kp + kp) if per_feature else 3 * 4 * chunk
+    step = (2 * chunk * kp + chunk * bv) * itemsize + decays
     buffers = 2 * (chunk * bv + kp * bv) * itemsize + chunk * chunk * itemsize
-    return stages * step + buffers + 4 * chunk * chunk + 4 * kp * bv
+    transposed = 0 if per_feature else 4 * chunk * chunk
+    return max(stages * step + buffers + transposed, 4 * kp * bv)
 
 
-def supported(q, v, chunk=CHUNK, stages=STAGES):
-    """None when :func:`causal_forward_mosaic` takes these (padded) inputs, else why."""
+def supported(q, v, chunk=CHUNK, stages=STAGES, per_feature=False):
+    """None when :func:`causal_forward_mosaic` takes these (padded) inputs, else why;
+    ``per_feature``: with log-decays ``[B, L, H, Kp]``."""
+    if per_feature and q.dtype != jnp.bfloat16:
+        return (f"the fused Mosaic causal forward with per-feature decay takes bf16 inputs "
+                f"(exp(-b) up to e^20 leaves fp16's range; got {q.dtype})")
     if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
         return (f"the fused Mosaic causal forward takes bf16 or fp16 inputs (got {q.dtype}, "
                 f"{v.dtype}); use the two-pass kernels")
@@ -74,20 +81,24 @@ def supported(q, v, chunk=CHUNK, stages=STAGES):
     if chunk != CHUNK or L % chunk:
         return (f"the fused Mosaic causal forward takes chunks of {CHUNK} dividing L (got "
                 f"{chunk}, L={L})")
-    need = _smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages) + 4096  # + barriers
+    need = _smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages, per_feature) + 4096
     if need > SMEM_BYTES:
         return (f"the fused Mosaic causal forward at Kp = {kp} with {stages} stages needs "
                 f"{need} bytes of shared memory (at most {SMEM_BYTES})")
     return None
 
 
-def _kernel(q_ref, k_ref, v_ref, rows_ref, s0_ref, *refs, chunk, run, bv, stages, store):
+def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run, bv, stages,
+            store):
     """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
-    q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; rows ``[3, B, H, L]`` float32 (A, e^A,
-    e^tail); s0 ``[B, H, R, Kp, Vp]`` float32 (the state entering each run) or None (zero);
-    outputs y ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (the state entering every chunk, in
-    the input dtype; ``store``), ends ``[B, H, R, Kp, Vp]`` float32 (each run's end state).
+    q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; the decays: scalar (``last_ref`` None)
+    ``decay_ref [3, B, H, L]`` float32 rows (A, e^A, e^tail); per feature ``decay_ref
+    [B, L, H, Kp]`` float32, the chunk-local inclusive cumulative log-decays b, and
+    ``last_ref [B, H, N * Kp]``, b at each chunk's last token; s0 ``[B, H, R, Kp, Vp]``
+    float32 (the state entering each run) or None (zero); outputs y ``[B, L, H, Vp]``, h
+    ``[B, H, N, Kp, Vp]`` (the state entering every chunk, in the input dtype; ``store``),
+    ends ``[B, H, R, Kp, Vp]`` float32 (each run's end state).
     """
     refs = list(refs)
     y_ref = refs.pop(0)
@@ -99,10 +110,12 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, s0_ref, *refs, chunk, run, bv, stages
     dtype = q_ref.dtype
     f32 = jnp.float32
     wgmma_layout = plgpu.Layout.WGMMA
-    row_layout = wgmma_layout.reduce(1)
+    row_layout, col_layout = wgmma_layout.reduce(1), wgmma_layout.reduce(0)
     rows_of = lambda x, shape: lax.broadcast_in_dim(x, shape, [0])  # x_i on row i
+    cols_of = lambda x, shape: lax.broadcast_in_dim(x, shape, [1])  # x_j on column j
     state_smem = plgpu.SMEM((kp, bv), f32, transforms=_TILE32)
     first = r * run
+    per_feature = last_ref is not None
 
     if s0_ref is None:
         state = plgpu.layout_cast(jnp.zeros((kp, bv), f32), wgmma_layout)
@@ -114,24 +127,27 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, s0_ref, *refs, chunk, run, bv, stages
 
         state = pl.run_scoped(load_s0, state_smem, plgpu.Barrier(num_barriers=1))
 
-    def walk(y_buf, h_buf, w_s, t_buf):
+    def scores(q_s, k_s):
+        def mma(acc):
+            plgpu.wgmma(acc, q_s, k_s.transpose((1, 0)))
+            return acc[...]
+
+        return pl.run_scoped(mma, plgpu.ACC((chunk, chunk), f32))
+
+    def scale(x_s, factor):
+        """x_s *= factor(x) in float32, rounded back to the input dtype."""
+        x = plgpu.load(x_s, layout=wgmma_layout).astype(f32)
+        x_s[...] = (x * factor(x)).astype(dtype)
+
+    def walk(y_buf, h_buf, w_s, t_buf=None):
         causal = (plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0),
                                     wgmma_layout)
                   >= plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1),
                                        wgmma_layout))
 
-        def step(idx, q_s, k_s, v_s, a_s, eh_s, et_s, state):
-            n = first + idx[0]
-            slot = lax.rem(idx[0], jnp.asarray(2, idx[0].dtype))
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's copies of i - 2 read
-            y_s, h_s = y_buf.at[slot], h_buf.at[slot]
-            h_s[...] = state.astype(dtype)  # the state entering chunk n
-
-            def scores(acc):
-                plgpu.wgmma(acc, q_s, k_s.transpose((1, 0)))
-                return acc[...]
-
-            s = pl.run_scoped(scores, plgpu.ACC((chunk, chunk), f32))
+        def scalar_decay(q_s, k_s, a_s, eh_s, et_s):
+            """W into w_s, Q e^A into q_s, K e^tail into k_s; returns exp(A_last)."""
+            s = scores(q_s, k_s)
             # A_i on row i, and A_j on column j as A_i's tile transposed through shared memory
             # (mosaic_outputs.py: Mosaic GPU, jax 0.11.2, takes no row- and column-indexed
             # broadcasts in one expression)
@@ -141,16 +157,37 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, s0_ref, *refs, chunk, run, bv, stages
             a_j = plgpu.layout_cast(plgpu.load(t_buf.T, layout=plgpu.Layout.WGMMA_TRANSPOSED),
                                     wgmma_layout)
             # exponents <= 0 where kept (A does not increase along the chunk)
-            w = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
-            w_s[...] = w.astype(dtype)
+            w_s[...] = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)),
+                                 0.0).astype(dtype)
             # q, k are done with (Q K^T has been read): the decayed ones take their tiles, one
             # after the other (fewer registers live at Kp = 128)
             for x_s, factor_s in ((q_s, eh_s), (k_s, et_s)):
-                x = plgpu.load(x_s, layout=wgmma_layout).astype(f32)
-                factor = rows_of(plgpu.load(factor_s, layout=row_layout), x.shape)
-                x_s[...] = (x * factor).astype(dtype)
+                scale(x_s, lambda x, f=factor_s: rows_of(plgpu.load(f, layout=row_layout),
+                                                         x.shape))
+            return eh_s[chunk - 1]
+
+        def feature_decay(q_s, k_s, b_s, last_s):
+            """GLA's one-product form: W = (Q e^b)(K e^-b)^T masked into w_s, Q e^b into q_s,
+            K e^(b_last - b) into k_s; returns exp(b_last) on the state's rows."""
+            for x_s, sign in ((q_s, 1.0), (k_s, -1.0)):
+                scale(x_s, lambda x, sign=sign: jnp.exp(
+                    sign * plgpu.load(b_s, layout=wgmma_layout)))
+            plgpu.commit_smem()
+            w_s[...] = jnp.where(causal, scores(q_s, k_s), 0.0).astype(dtype)
+            # K e^-b is done with: times e^(b_last) per feature, the keys of the state update
+            scale(k_s, lambda x: cols_of(jnp.exp(plgpu.load(last_s, layout=col_layout)),
+                                         x.shape))
+            return rows_of(jnp.exp(plgpu.load(last_s, layout=row_layout)), (kp, bv))
+
+        def step(idx, q_s, k_s, v_s, *rest):
+            *decay_s, state = rest
+            n = first + idx[0]
+            slot = lax.rem(idx[0], jnp.asarray(2, idx[0].dtype))
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's copies of i - 2 read
+            y_s, h_s = y_buf.at[slot], h_buf.at[slot]
+            h_s[...] = state.astype(dtype)  # the state entering chunk n
+            decay = (feature_decay if per_feature else scalar_decay)(q_s, k_s, *decay_s)
             plgpu.commit_smem()  # visible to the wgmmas
-            decay = eh_s[chunk - 1]  # exp(A_last): the chunk's decay
 
             def mma(acc_y, acc_s):
                 plgpu.wgmma(acc_y, w_s, v_s)
@@ -168,22 +205,28 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, s0_ref, *refs, chunk, run, bv, stages
             plgpu.commit_smem_to_gmem_group()
             return state * decay + update
 
-        tile = lambda width: plgpu.BlockSpec((chunk, width), lambda i: (first + i, 0),
-                                             transforms=_TILE16)
-        row = plgpu.BlockSpec((chunk,), lambda i: (first + i,))
+        tile = lambda width, tiling=_TILE16: plgpu.BlockSpec(
+            (chunk, width), lambda i: (first + i, 0), transforms=tiling)
+        row = lambda width: plgpu.BlockSpec((width,), lambda i: (first + i,))
+        specs = [tile(kp), tile(kp), tile(bv)]
         in_refs = [q_ref.at[b, :, hd, :], k_ref.at[b, :, hd, :], v_ref.at[b, :, hd, cols]]
-        in_refs += [rows_ref.at[x, b, hd] for x in range(3)]
-        end = plgpu.emit_pipeline(step, grid=(run,), in_specs=[tile(kp), tile(kp), tile(bv)]
-                                  + [row] * 3, max_concurrent_steps=stages,
+        if per_feature:
+            specs += [tile(kp, _TILE32), row(kp)]
+            in_refs += [decay_ref.at[b, :, hd, :], last_ref.at[b, hd]]
+        else:
+            specs += [row(chunk)] * 3
+            in_refs += [decay_ref.at[x, b, hd] for x in range(3)]
+        end = plgpu.emit_pipeline(step, grid=(run,), in_specs=specs, max_concurrent_steps=stages,
                                   init_carry=state)(*in_refs)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # before the buffers are reused
         return end
 
-    state = pl.run_scoped(
-        walk, plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
-        plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
-        plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16),
-        plgpu.SMEM((chunk, chunk), f32))
+    scratch = [plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
+               plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
+               plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16)]
+    if not per_feature:  # A's transposed tile
+        scratch.append(plgpu.SMEM((chunk, chunk), f32))
+    state = pl.run_scoped(walk, *scratch)
 
     def store_end(s_smem):
         s_smem[...] = state
@@ -200,8 +243,12 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
 
     Args:
       q, k: ``[B, L, H, Kp]``; v: ``[B, L, H, Vp]``, bf16 or fp16, padded as
-        ``chunk_scan.pad_layout`` pads them (see :func:`supported`); g: ``[B, L, H]`` float32
-        log-decays (entries <= 0), L a multiple of ``chunk``.
+        ``chunk_scan.pad_layout`` pads them (see :func:`supported`), L a multiple of
+        ``chunk``.
+      g: float32 log-decays (entries <= 0): ``[B, L, H]``, or per key feature
+        ``[B, L, H, Kp]`` (bf16 inputs, ``splits=1``, and every chunk's log-decays summing to
+        at least ``-per_feature.FAST_RANGE`` in every feature, which the caller checks: the
+        kernel takes them in GLA's one-product form, ``exp(-b)`` up to ``e^20``).
       s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first token.
       splits: runs to cut the chunks into (a power of two dividing N; module docstring).
       store_states: also return the state entering every chunk (the backward's residual).
@@ -211,13 +258,16 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
       ``(y [B, L, H, Vp] q.dtype, final [B, H, Kp, Vp] float32)``, then with
       ``store_states`` ``h [B, H, N, Kp, Vp]`` q.dtype.
     """
-    if (reason := supported(q, v, chunk, stages)) is not None:
+    per_feature = g.ndim == 4
+    if (reason := supported(q, v, chunk, stages, per_feature)) is not None:
         raise ValueError(reason)
     B, L, H, kp = q.shape
     vp = v.shape[-1]
     N, nvb = L // chunk, vp // BLOCK_V
     if splits < 1 or N % splits:
         raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
+    if per_feature and splits > 1:
+        raise ValueError("per-feature decay walks the chunks in one run (splits=1)")
     if splits > 1:  # the state entering each run: the runs walked from zero, then scanned
         w, d = stacked_decay_factors(g, chunk, (False,))
         ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=splits,
@@ -225,8 +275,12 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
         s0 = entering_states(ends[0], d[0], s0, reverse=False)
     elif s0 is not None:
         s0 = s0[:, :, None]
-    a = jnp.cumsum(jnp.swapaxes(g, 1, 2).reshape(B, H, N, chunk), axis=-1).reshape(B, H, L)
-    rows = jnp.stack([a, jnp.exp(a), decay_factors(g, chunk, reverse=False)[0]])
+    if per_feature:  # b: chunk-local inclusive cumsums per feature; and b at each chunk's end
+        b = jnp.cumsum(g.reshape(B, N, chunk, H, kp), axis=2)
+        decay, last = b.reshape(B, L, H, kp), b[:, :, -1].transpose(0, 2, 1, 3).reshape(B, H, -1)
+    else:  # A, e^A = exp(A) and e^tail per token (chunk_scan.decay_factors)
+        a = jnp.cumsum(jnp.swapaxes(g, 1, 2).reshape(B, H, N, chunk), axis=-1).reshape(B, H, L)
+        decay, last = jnp.stack([a, jnp.exp(a), decay_factors(g, chunk, reverse=False)[0]]), None
     out_type = [jax.ShapeDtypeStruct((B, L, H, vp), q.dtype)]
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
@@ -237,6 +291,6 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
         out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
         interpret=interpret,
     )
-    y, *rest = kernel(q, k, v, rows, s0)
+    y, *rest = kernel(q, k, v, decay, last, s0)
     final = rest[-1][:, :, -1]
     return (y, final, rest[0]) if store_states else (y, final)

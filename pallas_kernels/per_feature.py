@@ -65,9 +65,13 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state
+from pallas_kernels.mosaic_causal import causal_forward_mosaic
+from pallas_kernels.mosaic_causal import supported as fused_forward_reason
+from pallas_kernels.two_pass import hopper
 
 _EXACT = jax.lax.Precision.HIGHEST
 # Products of float32 operands as three bf16 tensor-core products (each operand as a bf16 high
@@ -344,11 +348,13 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
 
 @functools.partial(jax.jit, static_argnames=("decay_on", "reverse", "strict", "chunk",
                                              "block_v", "out_dtype", "interpret", "num_warps",
-                                             "num_stages", "return_states", "precision"))
+                                             "num_stages", "return_states", "precision",
+                                             "fused"))
 def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="key",
                            reverse=False, strict=False, chunk=64, block_v=64,
                            out_dtype=jnp.float32, interpret=False, num_warps=None,
-                           num_stages=2, return_states=False, states=None, precision=None):
+                           num_stages=2, return_states=False, states=None, precision=None,
+                           fused=False):
     """Decayed linear scan with per-feature decay (see the module docstring).
 
     Args:
@@ -366,6 +372,12 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
         skipped and the final state returned is None. Not with ``initial_state``.
       precision: of the kernels' products (None: ``chunk_scan.pad_layout``'s, exact float32
         for float32 inputs); see :data:`FLOAT32_X3`.
+      fused: a forward key-decay scan of bf16 inputs writing bf16 (no states asked for or
+        given), on a Hopper GPU or in the interpreter, whose every chunk is mild (each
+        feature's log-decays summing to at least ``-FAST_RANGE``), runs as one Mosaic GPU
+        kernel (``mosaic_causal.py``: the states walk and the outputs in GLA's one-product
+        form) instead of the three passes, picked at run time by ``lax.cond``. Off by default
+        until it has been compiled and timed on a Hopper GPU.
     Returns:
       ``(o [B, L, H, V] out_dtype, final state [B, H, K, V] float32)``, with
       ``return_states`` also ``states [B, H, N, K, V]`` float32 (N = L / chunk): forward,
@@ -401,6 +413,40 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     q, k, v, kp, bv, vp, exact, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
     precision = precision or exact
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp if on_key else vp)
+    passes = dict(kwargs, precision=precision, kp=kp, bv=bv, vp=vp, params=params, dims=(K, V))
+    if fused and on_key and not (strict or return_states or states is not None):
+        if _one_kernel_reason(q, v, chunk, out_dtype, interpret) is None:
+            def one_kernel():
+                y, final = causal_forward_mosaic(
+                    q, k, v, g, pad_state(initial_state, kp, vp), chunk=chunk,
+                    interpret=plgpu.InterpretGPUParams() if interpret else None)
+                return y[..., :V], final[:, :, :K, :V]
+
+            three_passes = functools.partial(_three_passes, q, k, v, g, initial_state,
+                                             **passes)
+            chunk_sums = jnp.sum(g.reshape(B, L // chunk, chunk, H, kp), axis=2)
+            return jax.lax.cond(jnp.min(chunk_sums) >= -FAST_RANGE, one_kernel, three_passes)
+    return _three_passes(q, k, v, g, initial_state, states=states, **passes)
+
+
+def _one_kernel_reason(q, v, chunk, out_dtype, interpret):
+    """Why the padded inputs of a forward key-decay scan do not take the fused Mosaic GPU kernel
+    (``chunk_scan_per_feature(fused=True)``), or None when they do."""
+    if not interpret and not hopper():
+        return "not on a Hopper GPU"
+    if jnp.dtype(out_dtype) != q.dtype:
+        return f"out_dtype {jnp.dtype(out_dtype)} is not the inputs' {q.dtype}"
+    return fused_forward_reason(q, v, chunk, per_feature=True)
+
+
+def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v, out_dtype,
+                  interpret, num_warps, num_stages, return_states, precision, kp, bv, vp,
+                  params, dims, states=None):
+    """:func:`chunk_scan_per_feature` (forward) of padded inputs by its three passes."""
+    del block_v, num_warps, num_stages
+    on_key = decay_on == "key"
+    B, L, H, _ = q.shape
+    K, V = dims
     if states is None:
         s_in, state = _padded_states(k, v, g, initial_state, on_key=on_key, chunk=chunk,
                                      bv=bv, kp=kp, vp=vp, params=params, precision=precision,

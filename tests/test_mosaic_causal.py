@@ -33,7 +33,8 @@ def rel_err(a, b):
 
 def reference(q, k, v, g, s0, chunk):
     """float64 token walk: ``y [B, L, H, V]``, the states entering each chunk
-    ``h [B, H, N, K, V]`` and the final state ``[B, H, K, V]``."""
+    ``h [B, H, N, K, V]`` and the final state ``[B, H, K, V]``; g ``[B, L, H]`` or per key
+    feature ``[B, L, H, K]``."""
     q, k, v, g = (np.asarray(x, np.float64) for x in (q, k, v, g))
     B, L, H, K = q.shape
     state = np.zeros((B, H, K, v.shape[-1])) if s0 is None else np.asarray(s0, np.float64)
@@ -41,23 +42,31 @@ def reference(q, k, v, g, s0, chunk):
     for i in range(L):
         if i % chunk == 0:
             h[:, :, i // chunk] = state
-        state = (np.exp(g[:, i])[..., None, None] * state
+        decay = np.exp(g[:, i])[..., None] if g.ndim == 4 else np.exp(g[:, i])[..., None, None]
+        state = (decay * state
                  + np.einsum("bhk,bhv->bhkv", k[:, i], v[:, i]))
         y[:, i] = np.einsum("bhk,bhkv->bhv", q[:, i], state)
     return y, h, state
 
 
-def inputs(seed, B, L, H, K, V, dtype, decay):
-    """q, k at the scale of normalised features, v ~ N(0, 1), log-decays by ``decay``."""
+def inputs(seed, B, L, H, K, V, dtype, decay, per_feature=False):
+    """q, k at the scale of normalised features, v ~ N(0, 1), log-decays ``[B, L, H]`` (per
+    feature ``[B, L, H, K]``) by ``decay``: "mild" U[-0.1, 0]; "strong" down to -20 per token
+    with mild stretches; "edge" (per feature) U[-0.3, 0] with a few features near -0.3 on
+    every token, so chunks of 64 sum to almost -FAST_RANGE (20) there."""
     rng = np.random.default_rng(seed)
     q = jnp.asarray(rng.standard_normal((B, L, H, K)) * K ** -0.5, dtype)
     k = jnp.asarray(rng.standard_normal((B, L, H, K)) * K ** -0.5, dtype)
     v = jnp.asarray(rng.standard_normal((B, L, H, V)), dtype)
+    shape = (B, L, H, K) if per_feature else (B, L, H)
     if decay == "mild":
-        g = -rng.uniform(0.0, 0.1, (B, L, H))
+        g = -rng.uniform(0.0, 0.1, shape)
+    elif decay == "edge":
+        g = -rng.uniform(0.0, 0.3, shape)
+        g[..., :3] = -0.31 + rng.uniform(0.0, 0.01, g[..., :3].shape)
     else:  # "strong": down to -20 per token, with mild stretches
-        g = np.where(rng.random((B, L, H)) < 0.2, -rng.uniform(0, 20, (B, L, H)),
-                     -rng.uniform(0, 0.05, (B, L, H)))
+        g = np.where(rng.random(shape) < 0.2, -rng.uniform(0, 20, shape),
+                     -rng.uniform(0, 0.05, shape))
     return q, k, v, jnp.asarray(g, jnp.float32)
 
 
@@ -91,6 +100,57 @@ def test_against_float64(L, K, V, dtype, decay, with_s0, splits, store):
     msg = f"seed {seed}: {errors}"
     assert errors["y"] <= Y_TOL and errors["final"] <= FINAL_TOL, msg
     assert errors.get("h", 0.0) <= H_TOL, msg
+
+
+PER_FEATURE_CASES = [  # L, K, V, decay, initial state, store_states
+    (256, 64, 64, "mild", False, True),
+    (320, 64, 128, "edge", True, False),
+    (192, 128, 64, "edge", True, True),
+]
+
+
+@pytest.mark.parametrize("L,K,V,decay,with_s0,store", PER_FEATURE_CASES)
+def test_per_feature_against_float64(L, K, V, decay, with_s0, store):
+    """Per-feature decay (every chunk mild: GLA's one-product form, exp(-b) up to e^20)."""
+    seed = np.random.SeedSequence().entropy % 2**32
+    B, H = 1, 2
+    q, k, v, g = inputs(seed, B, L, H, K, V, jnp.bfloat16, decay, per_feature=True)
+    s0 = None
+    if with_s0:
+        s0 = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((B, H, K, V)) * 0.3,
+                         jnp.float32)
+    outs = jax.jit(lambda *a: causal_forward_mosaic(*a, store_states=store,
+                                                    interpret=INTERPRET))(q, k, v, g, s0)
+    y, h, final = reference(q, k, v, g, s0, 64)
+    errors = {"y": rel_err(outs[0], y), "final": rel_err(outs[1], final)}
+    if store:
+        errors["h"] = rel_err(outs[2], h)
+    # the final state's keys are K e^-b rounded, then times e^(b_last) rounded: 16-bit bound
+    assert max(errors.values()) <= 5e-3, f"seed {seed}: {errors}"
+
+
+@pytest.mark.parametrize("decay", ["mild", "strong"])
+def test_per_feature_scan_takes_the_fused_kernel(decay, monkeypatch):
+    """chunk_scan_per_feature(fused=True): mild inputs run the fused kernel, others the three
+    passes (lax.cond at run time); both give the float64 results."""
+    from pallas_kernels import per_feature
+
+    calls = []
+    original = per_feature.causal_forward_mosaic
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(per_feature, "causal_forward_mosaic", spy)
+    jax.clear_caches()  # trace again, with the spy
+    q, k, v, g = inputs(5, 1, 256, 2, 48, 40, jnp.bfloat16, decay, per_feature=True)
+    s0 = jnp.asarray(np.random.default_rng(6).standard_normal((1, 2, 48, 40)), jnp.float32)
+    y, final = per_feature.chunk_scan_per_feature(q, k, v, g, s0, out_dtype=jnp.bfloat16,
+                                                  interpret=not ON_GPU, fused=True)
+    assert len(calls) == 1  # traced once; lax.cond picks at run time
+    want_y, _, want_final = reference(q, k, v, g, s0, 64)
+    assert rel_err(y, want_y) <= 5e-3 and rel_err(final, want_final) <= 5e-3
 
 
 def test_runs_agree():
@@ -128,6 +188,7 @@ def test_two_pass_takes_the_fused_kernel(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(two_pass, "causal_forward_mosaic", spy)
+    jax.clear_caches()  # trace again, with the spy
     scan = lambda **kw: two_pass.chunk_scan_two_pass(  # noqa: E731
         q, k, v, g, out_dtype=jnp.bfloat16, backend="mosaic", interpret=not ON_GPU, **kw)
     fused = scan(return_states=True, fused=True)
@@ -156,6 +217,13 @@ def test_supported_reasons():
     assert "chunks of 64" in supported(shape(64), shape(64), chunk=128)
     assert "chunks of 64" in supported(shape(64, L=200), shape(64, L=200))
     assert "shared memory" in supported(shape(128), shape(128), stages=8)
+    assert supported(shape(64), shape(64), per_feature=True) is None
+    assert "bf16 inputs" in supported(shape(64, dtype=jnp.float16),
+                                      shape(64, dtype=jnp.float16), per_feature=True)
+    assert "shared memory" in supported(shape(128), shape(128), stages=3, per_feature=True)
+    q, k, v, g = inputs(0, 1, 256, 1, 64, 64, jnp.bfloat16, "mild", per_feature=True)
+    with pytest.raises(ValueError, match="one run"):
+        causal_forward_mosaic(q, k, v, g, splits=2, interpret=INTERPRET)
     with pytest.raises(ValueError, match="splits must divide"):
         causal_forward_mosaic(*inputs(0, 1, 256, 1, 64, 64, jnp.bfloat16, "mild"), splits=3,
                               interpret=INTERPRET)
