@@ -307,8 +307,6 @@ def sweep(B, L, H, dims, reps, rng):
             k, v, g, bv=64, with_z=True, reverse=BOTH, backend="triton"),
         "causal forward": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
             q, k, v, g, out_dtype=jnp.bfloat16),
-        "causal forward, one Mosaic kernel (fused=True)": lambda q, k, v, dy, g, *_: (
-            chunk_scan_two_pass(q, k, v, g, out_dtype=jnp.bfloat16, fused=True)),
         "causal forward, states kept": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
             q, k, v, g, out_dtype=jnp.bfloat16, return_states=True),
         "causal forward, states kept, one Mosaic kernel": lambda q, k, v, dy, g, *_: (
@@ -331,6 +329,10 @@ def sweep(B, L, H, dims, reps, rng):
                 lambda q, k, v, dy, g, s, den, h, hl, o=one, w=warps: lion_backward(
                     q, k, v, g, dy, hl, y=v, y_low=v, den=den, normalize=True, one_kernel=o,
                     num_warps=w))
+    for splits in (1, 2, 4, 8):  # runs of chunks, for more programs (mosaic_causal.py)
+        stages[f"causal forward, one Mosaic kernel, {splits} runs"] = (
+            lambda q, k, v, dy, g, *_, s=splits: chunk_scan_two_pass(
+                q, k, v, g, out_dtype=jnp.bfloat16, fused=True, splits=s))
     for block_v, warps in ((32, 4), (64, 4), (64, 8)):
         stages[f"causal forward block_v={block_v} warps={warps}"] = (
             lambda q, k, v, dy, g, *_, b=block_v, w=warps: chunk_scan_two_pass(
