@@ -411,7 +411,7 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     B, L, H, K = q.shape
     V = v.shape[-1]
     q, k, v, kp, bv, vp, exact, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
-    precision = precision or exact
+    precision = exact if precision is None else precision
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp if on_key else vp)
     passes = dict(kwargs, precision=precision, kp=kp, bv=bv, vp=vp, params=params, dims=(K, V))
     if fused and on_key and not (strict or return_states or states is not None):
@@ -481,7 +481,7 @@ def chunk_states_per_feature(k, v, log_decay, initial_state=None, *, chunk=64,
     """
     K, V = k.shape[-1], v.shape[-1]
     _, k, v, kp, bv, vp, exact, params = pad_layout(k, k, v, 64, None, 2)
-    precision = precision or exact
+    precision = exact if precision is None else precision
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp)
     s_in, state = _padded_states(k, v, g, initial_state, on_key=True, chunk=chunk, bv=bv,
                                  kp=kp, vp=vp, params=params, precision=precision,
