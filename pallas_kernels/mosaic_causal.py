@@ -18,8 +18,8 @@ walks the chunks of its run with a TMA pipeline (``plgpu.emit_pipeline``) over q
 ``[C, Kp]``, v ``[C, BV]`` and the rows of A, e^A and e^tail. Per chunk: the state is rounded to
 the input dtype into a shared-memory tile (the B operand of ``(Q e^A) S``, and the chunk's
 stored state); one wgmma computes ``Q K^T``; the mask is built in registers (A_j as A_i's tile
-transposed through shared memory, as in ``mosaic_outputs.py``); the decayed queries and keys
-overwrite q and k in shared memory; then one accumulator takes ``W V + (Q e^A) S`` and a
+transposed through shared memory, ``mosaic_tiles.row_and_column_tiles``); the decayed queries
+and keys overwrite q and k in shared memory; then one accumulator takes ``W V + (Q e^A) S`` and a
 second, zeroed one ``(K e^tail)^T V`` (K read transposed from shared memory), and
 ``S = d S + update`` is the only serial work. y (and the stored state) go out by TMA from two
 steps' worth of buffers, each step's copies overlapping the next step.
@@ -45,6 +45,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import (decay_factors, entering_states, stacked_decay_factors)
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
+from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, row_and_column_tiles, rows_of
 
 # V columns per program (the state is [Kp, BLOCK_V] float32 in registers).
 BLOCK_V = 64
@@ -109,21 +110,17 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
     kp = q_ref.shape[-1]
     dtype = q_ref.dtype
     f32 = jnp.float32
-    wgmma_layout = plgpu.Layout.WGMMA
-    row_layout, col_layout = wgmma_layout.reduce(1), wgmma_layout.reduce(0)
-    rows_of = lambda x, shape: lax.broadcast_in_dim(x, shape, [0])  # x_i on row i
-    cols_of = lambda x, shape: lax.broadcast_in_dim(x, shape, [1])  # x_j on column j
     state_smem = plgpu.SMEM((kp, bv), f32, transforms=_TILE32)
     first = r * run
     per_feature = last_ref is not None
 
     if s0_ref is None:
-        state = plgpu.layout_cast(jnp.zeros((kp, bv), f32), wgmma_layout)
+        state = plgpu.layout_cast(jnp.zeros((kp, bv), f32), WGMMA)
     else:
         def load_s0(s_smem, s_bar):
             plgpu.copy_gmem_to_smem(s0_ref.at[b, hd, r, :, cols], s_smem, s_bar.at[0])
             plgpu.barrier_wait(s_bar.at[0])
-            return plgpu.load(s_smem, layout=wgmma_layout)
+            return plgpu.load(s_smem, layout=WGMMA)
 
         state = pl.run_scoped(load_s0, state_smem, plgpu.Barrier(num_barriers=1))
 
@@ -136,33 +133,26 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
 
     def scale(x_s, factor):
         """x_s *= factor(x) in float32, rounded back to the input dtype."""
-        x = plgpu.load(x_s, layout=wgmma_layout).astype(f32)
+        x = plgpu.load(x_s, layout=WGMMA).astype(f32)
         x_s[...] = (x * factor(x)).astype(dtype)
 
     def walk(y_buf, h_buf, w_s, t_buf=None):
         causal = (plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0),
-                                    wgmma_layout)
+                                    WGMMA)
                   >= plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1),
-                                       wgmma_layout))
+                                       WGMMA))
 
         def scalar_decay(q_s, k_s, a_s, eh_s, et_s):
             """W into w_s, Q e^A into q_s, K e^tail into k_s; returns exp(A_last)."""
             s = scores(q_s, k_s)
-            # A_i on row i, and A_j on column j as A_i's tile transposed through shared memory
-            # (mosaic_outputs.py: Mosaic GPU, jax 0.11.2, takes no row- and column-indexed
-            # broadcasts in one expression)
-            a_i = rows_of(plgpu.load(a_s, layout=row_layout), s.shape)
-            t_buf[...] = a_i
-            plgpu.commit_smem()
-            a_j = plgpu.layout_cast(plgpu.load(t_buf.T, layout=plgpu.Layout.WGMMA_TRANSPOSED),
-                                    wgmma_layout)
+            a_i, a_j = row_and_column_tiles(a_s, t_buf, s.shape)  # A_i on row i, A_j on col j
             # exponents <= 0 where kept (A does not increase along the chunk)
             w_s[...] = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)),
                                  0.0).astype(dtype)
             # q, k are done with (Q K^T has been read): the decayed ones take their tiles, one
             # after the other (fewer registers live at Kp = 128)
             for x_s, factor_s in ((q_s, eh_s), (k_s, et_s)):
-                scale(x_s, lambda x, f=factor_s: rows_of(plgpu.load(f, layout=row_layout),
+                scale(x_s, lambda x, f=factor_s: rows_of(plgpu.load(f, layout=ROWS),
                                                          x.shape))
             return eh_s[chunk - 1]
 
@@ -171,13 +161,13 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
             K e^(b_last - b) into k_s; returns exp(b_last) on the state's rows."""
             for x_s, sign in ((q_s, 1.0), (k_s, -1.0)):
                 scale(x_s, lambda x, sign=sign: jnp.exp(
-                    sign * plgpu.load(b_s, layout=wgmma_layout)))
+                    sign * plgpu.load(b_s, layout=WGMMA)))
             plgpu.commit_smem()
             w_s[...] = jnp.where(causal, scores(q_s, k_s), 0.0).astype(dtype)
             # K e^-b is done with: times e^(b_last) per feature, the keys of the state update
-            scale(k_s, lambda x: cols_of(jnp.exp(plgpu.load(last_s, layout=col_layout)),
+            scale(k_s, lambda x: cols_of(jnp.exp(plgpu.load(last_s, layout=COLS)),
                                          x.shape))
-            return rows_of(jnp.exp(plgpu.load(last_s, layout=row_layout)), (kp, bv))
+            return rows_of(jnp.exp(plgpu.load(last_s, layout=ROWS)), (kp, bv))
 
         def step(idx, q_s, k_s, v_s, *rest):
             *decay_s, state = rest

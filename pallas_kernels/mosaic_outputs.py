@@ -39,6 +39,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import decay_factors
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
+from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, row_and_column_tiles, rows_of
 from pallas_kernels.two_pass import runs_until
 
 # V columns per program: [Kp, BV] tiles of both states for 2 pipeline steps fit in shared
@@ -97,10 +98,6 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
     kp = q_ref.shape[-1]
     dtype = q_ref.dtype
     f32 = jnp.float32
-    wgmma_layout = plgpu.Layout.WGMMA
-    row_layout, col_layout = wgmma_layout.reduce(1), wgmma_layout.reduce(0)
-    rows_of = lambda x, shape: lax.broadcast_in_dim(x, shape, [0])  # x_i on row i
-    cols_of = lambda x, shape: lax.broadcast_in_dim(x, shape, [1])  # x_j on column j
 
     def step(idx, q_s, k_s, v_s, a_s, eh_s, et_s, hf_s, hb_s, *rest, y_buf, lo_buf, den_buf,
              t_buf):
@@ -118,18 +115,11 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
             return acc[...]
 
         s = pl.run_scoped(scores, plgpu.ACC((chunk, chunk), f32))
-        # A_i on row i, and A_j on column j: Mosaic GPU (jax 0.11.2) cannot put a row-indexed
-        # and a column-indexed broadcast in one expression, so A_j is A_i's tile transposed
-        # through shared memory.
-        a_i = rows_of(plgpu.load(a_s, layout=row_layout), s.shape)
-        t_buf[...] = a_i
-        plgpu.commit_smem()
-        a_j = plgpu.layout_cast(plgpu.load(t_buf.T, layout=plgpu.Layout.WGMMA_TRANSPOSED),
-                                wgmma_layout)
+        a_i, a_j = row_and_column_tiles(a_s, t_buf, s.shape)  # A_i on row i, A_j on column j
         w = s * jnp.exp(-jnp.abs(a_i - a_j))
-        q = plgpu.load(q_s, layout=wgmma_layout).astype(f32)
-        qf = (q * rows_of(plgpu.load(eh_s, layout=row_layout), q.shape)).astype(dtype)
-        qb = (q * rows_of(plgpu.load(et_s, layout=row_layout), q.shape)).astype(dtype)
+        q = plgpu.load(q_s, layout=WGMMA).astype(f32)
+        qf = (q * rows_of(plgpu.load(eh_s, layout=ROWS), q.shape)).astype(dtype)
+        qb = (q * rows_of(plgpu.load(et_s, layout=ROWS), q.shape)).astype(dtype)
         # The wgmmas' 16-bit A operands go to shared memory over tiles this step is done with
         # (q, k after Q K^T; the output buffers, [C, BV] = [C, C], before y): no more shared
         # memory, and the Mosaic GPU interpreter takes A from shared memory only.
@@ -151,8 +141,8 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
             plgpu.wgmma(acc, k_s, hb_s)
             den = None
             if normalize:  # while the wgmmas run: the weights as the numerator sees them
-                zf = cols_of(plgpu.load(zf_s, layout=col_layout), q.shape)
-                zb = cols_of(plgpu.load(zb_s, layout=col_layout), q.shape)
+                zf = cols_of(plgpu.load(zf_s, layout=COLS), q.shape)
+                zb = cols_of(plgpu.load(zb_s, layout=COLS), q.shape)
                 den = (jnp.sum(w, axis=1) + jnp.sum(qf.astype(f32) * zf, axis=1)
                        + jnp.sum(qb.astype(f32) * zb, axis=1))
             return acc[...], den
@@ -175,7 +165,7 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
     def store_normalised(num, den, m_s, y_s, lo_s, den_s):
         """y = num / (den + eps) (+ the offset's share) into y_s (and its low part, lo_s)."""
         if m_s is not None:  # v came centred: num = num_c + den m
-            num = num + rows_of(den, num.shape) * cols_of(plgpu.load(m_s, layout=col_layout),
+            num = num + rows_of(den, num.shape) * cols_of(plgpu.load(m_s, layout=COLS),
                                                           num.shape)
         y = num / rows_of(den + eps, num.shape)
         y_hi = y.astype(y_s.dtype)
