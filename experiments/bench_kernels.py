@@ -283,11 +283,13 @@ def cross_check_with_fla(rng):
 
 def sweep(B, L, H, dims, reps, rng):
     """Times the stages of the two-pass ops (states walks, output kernels, fused backward
-    kernels, with and without the forward's states kept) and a few launch settings, at one
-    shape (bf16, ms)."""
+    kernels, with and without the forward's states kept), the one-kernel forwards
+    (``mosaic_causal.py``, per-token decay in 1-8 runs and per-feature decay) and a few launch
+    settings, at one shape (bf16, ms)."""
     from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
     from pallas_kernels.chunk_scan import BOTH
     from pallas_kernels.causal_backward import causal_backward
+    from pallas_kernels.per_feature import chunk_scan_per_feature
     from pallas_kernels.two_pass import chunk_scan_two_pass, chunk_states
     print(f"sweep: two-pass stages, B={B} L={L} H={H} bf16 (ms)")
     walk = functools.partial(chunk_states, s0=None, chunk=64, precision=None, interpret=False)
@@ -329,6 +331,11 @@ def sweep(B, L, H, dims, reps, rng):
                 lambda q, k, v, dy, g, s, den, h, hl, o=one, w=warps: lion_backward(
                     q, k, v, g, dy, hl, y=v, y_low=v, den=den, normalize=True, one_kernel=o,
                     num_warps=w))
+    for fused in (False, True):  # per-feature decay: three passes, or one Mosaic kernel
+        stages[f"per-feature forward, {'one Mosaic kernel' if fused else 'three passes'}"] = (
+            lambda q, k, v, dy, g, *_, f=fused: chunk_scan_per_feature(
+                q, k, v, jnp.broadcast_to(g[..., None], q.shape), out_dtype=jnp.bfloat16,
+                fused=f))
     for splits in (1, 2, 4, 8):  # runs of chunks, for more programs (mosaic_causal.py)
         stages[f"causal forward, one Mosaic kernel, {splits} runs"] = (
             lambda q, k, v, dy, g, *_, s=splits: chunk_scan_two_pass(
