@@ -29,6 +29,15 @@ decayed keys and queries are rounded to it, products accumulate in float32. The 
 exponent is a difference of the chunk cumsum (off by about ulp(|A|) <= 1.2e-4 at log-decay -20
 per token, far below a 16-bit operand's 2^-9), so only 16-bit inputs are taken.
 
+The one-product form (GLA's): when every chunk's log-decays sum to at least
+``-ONE_PRODUCT_RANGE`` (bf16 inputs; checked at run time, ``lax.cond`` between two builds of
+the kernel), ``W = (Q e^A)(K e^-A)^T`` masked causally, every factor within ``e^+-20``: no
+``C x C`` exponentials and no transposed tile, and ``Q e^A`` serves both products. The
+update's keys are then ``(K e^-A) e^(A_last)``, rounded twice. Per-feature decay
+(``g [B, L, H, Kp]``, bf16, the caller checking the same bound per feature) always takes this
+form, with the chunk-local cumsums b per feature as a float32 ``[C, Kp]`` tile:
+``W = (Q e^b)(K e^-b)^T``, ``S <- diag(e^(b_last)) S + (K e^(b_last - b))^T V``.
+
 Runs: with few programs (``B H Vp / BLOCK_V`` below ``two_pass.MOSAIC_TARGET_PROGRAMS``) the
 chunks are cut into ``splits`` runs: ``mosaic_states.walk_states`` walks each run from zero
 keeping only its end state, ``chunk_scan.entering_states`` gives the state entering each run,
@@ -52,6 +61,11 @@ BLOCK_V = 64
 # Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
 STAGES = 2
 CHUNK = 64
+# Chunks whose log-decays sum to at least -ONE_PRODUCT_RANGE (in every feature) take the
+# one-product form (Q e^b)(K e^-b)^T: factors within e^+-20, far inside bf16's range (fp16's
+# 65504 is not: fp16 inputs keep the mask of differences). The same bound as
+# ``per_feature.FAST_RANGE``, whose kernels take the same form for the same chunks.
+ONE_PRODUCT_RANGE = 20.0
 
 
 def _smem_bytes(chunk, kp, bv, itemsize, stages, per_feature):
@@ -90,7 +104,7 @@ def supported(q, v, chunk=CHUNK, stages=STAGES, per_feature=False):
 
 
 def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run, bv, stages,
-            store):
+            store, factored):
     """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; the decays: scalar (``last_ref`` None)
@@ -99,7 +113,8 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
     ``last_ref [B, H, N * Kp]``, b at each chunk's last token; s0 ``[B, H, R, Kp, Vp]``
     float32 (the state entering each run) or None (zero); outputs y ``[B, L, H, Vp]``, h
     ``[B, H, N, Kp, Vp]`` (the state entering every chunk, in the input dtype; ``store``),
-    ends ``[B, H, R, Kp, Vp]`` float32 (each run's end state).
+    ends ``[B, H, R, Kp, Vp]`` float32 (each run's end state). ``factored``: scalar decay in
+    the one-product form (every chunk's log-decays summing to at least ``-ONE_PRODUCT_RANGE``).
     """
     refs = list(refs)
     y_ref = refs.pop(0)
@@ -142,8 +157,24 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
                   >= plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1),
                                        WGMMA))
 
+        def one_product(q_s, k_s, up, down, last):
+            """GLA's one-product form, for decays within ``e^+-ONE_PRODUCT_RANGE`` over the
+            chunk: Q e^b into q_s, K e^-b into k_s, W = (Q e^b)(K e^-b)^T masked into w_s, then
+            K e^(b_last - b) into k_s; ``up``, ``down``, ``last``: a tile of q or k -> its
+            factors e^b, e^-b, e^(b_last) (b the chunk-local cumulative log-decays)."""
+            scale(q_s, up)
+            scale(k_s, down)
+            plgpu.commit_smem()
+            w_s[...] = jnp.where(causal, scores(q_s, k_s), 0.0).astype(dtype)
+            scale(k_s, last)  # K e^-b is done with: the keys of the state update
+
         def scalar_decay(q_s, k_s, a_s, eh_s, et_s):
             """W into w_s, Q e^A into q_s, K e^tail into k_s; returns exp(A_last)."""
+            if factored:
+                one_product(q_s, k_s, lambda x: rows_of(plgpu.load(eh_s, layout=ROWS), x.shape),
+                            lambda x: rows_of(jnp.exp(-plgpu.load(a_s, layout=ROWS)), x.shape),
+                            lambda x: eh_s[chunk - 1])
+                return eh_s[chunk - 1]
             s = scores(q_s, k_s)
             a_i, a_j = row_and_column_tiles(a_s, t_buf, s.shape)  # A_i on row i, A_j on col j
             # exponents <= 0 where kept (A does not increase along the chunk)
@@ -157,16 +188,11 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
             return eh_s[chunk - 1]
 
         def feature_decay(q_s, k_s, b_s, last_s):
-            """GLA's one-product form: W = (Q e^b)(K e^-b)^T masked into w_s, Q e^b into q_s,
-            K e^(b_last - b) into k_s; returns exp(b_last) on the state's rows."""
-            for x_s, sign in ((q_s, 1.0), (k_s, -1.0)):
-                scale(x_s, lambda x, sign=sign: jnp.exp(
-                    sign * plgpu.load(b_s, layout=WGMMA)))
-            plgpu.commit_smem()
-            w_s[...] = jnp.where(causal, scores(q_s, k_s), 0.0).astype(dtype)
-            # K e^-b is done with: times e^(b_last) per feature, the keys of the state update
-            scale(k_s, lambda x: cols_of(jnp.exp(plgpu.load(last_s, layout=COLS)),
-                                         x.shape))
+            """Per-feature decay in :func:`one_product`'s form; returns exp(b_last) on the
+            state's rows."""
+            one_product(q_s, k_s, lambda x: jnp.exp(plgpu.load(b_s, layout=WGMMA)),
+                        lambda x: jnp.exp(-plgpu.load(b_s, layout=WGMMA)),
+                        lambda x: cols_of(jnp.exp(plgpu.load(last_s, layout=COLS)), x.shape))
             return rows_of(jnp.exp(plgpu.load(last_s, layout=ROWS)), (kp, bv))
 
         def step(idx, q_s, k_s, v_s, *rest):
@@ -214,7 +240,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
     scratch = [plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
                plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
                plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16)]
-    if not per_feature:  # A's transposed tile
+    if not (per_feature or factored):  # A's transposed tile
         scratch.append(plgpu.SMEM((chunk, chunk), f32))
     state = pl.run_scoped(walk, *scratch)
 
@@ -275,12 +301,19 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
     out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
-    kernel = plgpu.kernel(
-        functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
-                          store=store_states),
-        out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
-        interpret=interpret,
-    )
-    y, *rest = kernel(q, k, v, decay, last, s0)
+
+    def kernel(factored):
+        return plgpu.kernel(
+            functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
+                              store=store_states, factored=factored),
+            out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
+            interpret=interpret,
+        )(q, k, v, decay, last, s0)
+
+    if per_feature or q.dtype != jnp.bfloat16:
+        y, *rest = kernel(factored=False)
+    else:  # scalar decay, bf16: the one-product form when every chunk is mild (run time)
+        mild = jnp.min(jnp.sum(g.reshape(B, N, chunk, H), axis=2)) >= -ONE_PRODUCT_RANGE
+        y, *rest = jax.lax.cond(mild, lambda: kernel(True), lambda: kernel(False))
     final = rest[-1][:, :, -1]
     return (y, final, rest[0]) if store_states else (y, final)
