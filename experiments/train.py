@@ -2,6 +2,7 @@ r"""Train and evaluate a config.
 
     python -m experiments.train --config configs/lra/listops.py[:variant] \
         [--workdir DIR] [--config.key=value ...]
+    python -m experiments.train --config configs/recorded.py:RUN ...   # a run's own config
     python -m experiments.train --list        # config files, their variants, descriptions
 
 ``--workdir`` defaults to ``workdir/<config path under configs/, '/' -> '_'>[_<variant>]``
@@ -61,8 +62,12 @@ def list_configs():
 
 
 def default_workdir(config_arg):
-    """``workdir/lra_listops_quick`` for ``configs/lra/listops.py:quick``."""
+    """``workdir/lra_listops_quick`` for ``configs/lra/listops.py:quick``;
+    ``workdir/recorded_<run>`` for ``configs/recorded.py:.../<run>[/config.json]``."""
     path, _, variant = config_arg.partition(":")
+    if "/" in variant or variant.endswith(".json"):  # a run's folder or config.json
+        folder = os.path.dirname(variant) if variant.endswith(".json") else variant
+        variant = os.path.basename(os.path.normpath(folder))
     stem = os.path.splitext(os.path.abspath(path))[0]
     rel = os.path.relpath(stem, CONFIGS_DIR)
     name = os.path.basename(stem) if rel.startswith("..") else rel.replace(os.sep, "_")
@@ -110,6 +115,17 @@ def parse_flags(argv):
         _fail(first if first.startswith("flag --config.") else cause)
 
 
+def out_of_memory_line(error, workdir):
+    """The one-line message for a device's out-of-memory error, or None for another error."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    detail = text.split("RESOURCE_EXHAUSTED:", 1)[1].strip().splitlines()[0]
+    return (f"the device ran out of memory ({detail}); lower --config.batch_size (with "
+            f"--config.grad_accum_steps to keep the batch) or --config.eval_batch_size; "
+            f"{workdir} keeps its last checkpoint")
+
+
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}")
@@ -120,13 +136,19 @@ def main(argv):
     if config_arg is None:
         _fail("--config is required, e.g. --config configs/lra/listops.py:quick (see --list)")
     logging.set_verbosity(logging.WARNING)
-    from experiments import trainer  # imported here so --list and flag errors stay fast
+    from jax.errors import JaxRuntimeError  # imported here so --list and flag errors stay fast
+
+    from experiments import trainer
 
     workdir = FLAGS.workdir or default_workdir(config_arg)
     try:
         trainer.train_and_evaluate(FLAGS.config, workdir, config_name=config_arg)
     except UserError as e:
         _fail(str(e))
+    except JaxRuntimeError as e:
+        if (line := out_of_memory_line(e, workdir)) is None:
+            raise
+        _fail(line)
     except KeyboardInterrupt:
         _fail(f"interrupted; run the same command again to resume {workdir} from its last "
               "checkpoint")

@@ -28,8 +28,9 @@ def _config_modules():
     return found
 
 
+# configs/recorded.py has no default: it is built from its EXAMPLE run
 CASES = [(rel, module, variant) for rel, module in _config_modules()
-         for variant in (None, *module.VARIANTS)]
+         for variant in (getattr(module, "EXAMPLE", None), *module.VARIANTS)]
 
 
 @pytest.mark.parametrize("rel, module, variant", CASES,
@@ -42,6 +43,27 @@ def test_variant_builds_with_trainer_keys(rel, module, variant):
     assert set(base.mesh.keys()) == set(config.mesh.keys())
     assert module.__doc__.strip(), "the first docstring line describes the default"
     assert all(isinstance(d, str) and d for d in module.VARIANTS.values())
+
+
+def test_recorded_config_is_the_run_s_own():
+    """configs/recorded.py gives back every key of a config as the config file wrote it
+    (sequences as tuples), from a workdir, a record folder or a config.json."""
+    import json
+
+    from configs import recorded
+
+    for variant in (None, "quick", "s5_complex_sigmoid"):
+        config = listops.get_config(variant)
+        for arg in (recorded.EXAMPLE, f"{recorded.EXAMPLE}/config.json"):
+            assert recorded.get_config(arg).to_json_best_effort()  # loads
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"recorded_{variant}.json")
+        with open(path, "w") as f:
+            f.write(config.to_json_best_effort())
+        assert recorded.get_config(path).to_dict() == config.to_dict()
+        assert json.loads(recorded.get_config(path).to_json_best_effort()) == json.loads(
+            config.to_json_best_effort())
+    with pytest.raises(ValueError, match="takes a run"):
+        recorded.get_config(None)
 
 
 @pytest.mark.parametrize("variant", [None, *listops.VARIANTS])

@@ -38,6 +38,27 @@ def test_default_workdir():
     assert default_workdir("configs/lra/listops.py:quick") == os.path.join(
         "workdir", "lra_listops_quick")
     assert default_workdir("configs/lra/listops.py") == os.path.join("workdir", "lra_listops")
+    for run_path in ("docs/lra_runs/lra_listops_lit", "docs/lra_runs/lra_listops_lit/",
+                     "docs/lra_runs/lra_listops_lit/config.json"):
+        assert default_workdir(f"configs/recorded.py:{run_path}") == os.path.join(
+            "workdir", "recorded_lra_listops_lit")
+
+
+def test_out_of_memory_is_one_line():
+    """A device's RESOURCE_EXHAUSTED error (the message XLA's CPU client gave for a LION-S
+    ListOps run restored on a 24 GiB CPU) becomes one line that says what to lower; other
+    runtime errors pass through."""
+    from jax.errors import JaxRuntimeError
+
+    from experiments.train import out_of_memory_line
+
+    error = JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 27222421776 bytes.")
+    line = out_of_memory_line(error, "workdir/run")
+    assert line == ("the device ran out of memory (Out of memory allocating 27222421776 "
+                    "bytes.); lower --config.batch_size (with --config.grad_accum_steps to keep "
+                    "the batch) or --config.eval_batch_size; workdir/run keeps its last "
+                    "checkpoint")
+    assert out_of_memory_line(JaxRuntimeError("INTERNAL: something else"), "w") is None
 
 
 @pytest.mark.parametrize("args, message", [
@@ -51,6 +72,10 @@ def test_default_workdir():
     (["--config", f"{TINY}", "--config.batch_size=abc"],
      "error: flag --config.batch_size=abc: invalid literal for int()"),
     ([], "error: --config is required"),
+    (["--config", "configs/recorded.py"], "error: configs/recorded.py takes a run: --config "
+     "configs/recorded.py:docs/lra_runs/<run>"),
+    (["--config", "configs/recorded.py:docs/lra_runs/nope"],
+     "error: configs/recorded.py: docs/lra_runs/nope not found; give a run's workdir"),
 ])
 def test_flag_errors_are_one_line(args, message):
     result = run(*args)
@@ -126,3 +151,12 @@ def test_tiny_run_writes_metrics_and_checkpoints_then_resumes(tmp_path, cache_di
         resumed = [json.loads(line) for line in f]
     assert resumed[:-1] == records  # and the restart's run record
     assert (resumed[-1]["step"], resumed[-1]["split"]) == (4, "run")
+
+    # the run's own config (configs/recorded.py) resumes it, with the loop's keys overridden
+    config = json.loads((workdir / "config.json").read_text())
+    longer = run("--config", f"configs/recorded.py:{workdir}", "--workdir", str(workdir),
+                 "--config.num_train_steps=6")
+    assert longer.returncode == 0, longer.stderr
+    assert "Resuming from step 4" in longer.stdout
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["4", "6"]
+    assert json.loads((workdir / "config.json").read_text()) == dict(config, num_train_steps=6)
