@@ -66,6 +66,28 @@ def test_recorded_config_is_the_run_s_own():
         recorded.get_config(None)
 
 
+RECORDS = sorted(os.path.join("docs", "lra_runs", name) for name in os.listdir(os.path.join(
+    os.path.dirname(CONFIGS_DIR), "docs", "lra_runs")))
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_recorded_runs_build_their_models(record):
+    """Every run record of docs/lra_runs gives, through configs/recorded.py, the trainer's keys
+    and a model that builds (keys added since the run take their defaults)."""
+    from configs import recorded
+    from lion_jax.models import SequenceClassifier
+
+    config = recorded.get_config(os.path.join(os.path.dirname(CONFIGS_DIR), record))
+    assert set(common.base_config().keys()) <= set(config.keys())
+    kwargs = config.model.to_dict()
+    kwargs.update(dtype=jnp.dtype(kwargs["dtype"]), param_dtype=jnp.dtype(kwargs["param_dtype"]))
+    model = SequenceClassifier(vocab_size=20, num_classes=10, pad_id=0, **kwargs)
+    tokens = jnp.ones((2, 64), jnp.int32)
+    variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, train=False))
+    logits = jax.eval_shape(lambda v: model.apply(v, tokens, train=False), variables)
+    assert logits.shape == (2, 10)
+
+
 @pytest.mark.parametrize("variant", [None, *listops.VARIANTS])
 def test_listops_model_config_is_valid(variant):
     """The model keys are SequenceClassifier's: it builds and runs (shapes only)."""

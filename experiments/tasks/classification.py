@@ -117,7 +117,8 @@ class ClassificationTask:
         self.eval_splits = tuple(config.eval_splits)
         self.splits, info = load_dataset(DATASETS, config.data, self.eval_splits)
         self._pad_id = info["pad_id"]
-        self._length_multiple = config.batch_length_multiple
+        # 0 for runs recorded before the key existed (configs/recorded.py)
+        self._length_multiple = config.get("batch_length_multiple", 0)
         if not isinstance(self._length_multiple, int) or self._length_multiple < 0:
             raise UserError("config.batch_length_multiple must be an int >= 0 (0: every batch "
                             f"padded to the full length); got {self._length_multiple!r}")
