@@ -69,7 +69,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state
-from pallas_kernels.mosaic_causal import causal_forward_mosaic
+from pallas_kernels.mosaic_causal import ONE_PRODUCT_RANGE, causal_forward_mosaic
 from pallas_kernels.mosaic_causal import supported as fused_forward_reason
 from pallas_kernels.two_pass import hopper
 
@@ -81,7 +81,8 @@ _EXACT = jax.lax.Precision.HIGHEST
 # idle. CPU, interpret mode (docs/benchmarks.md, "Per-feature decay's backward by float32
 # scans"): d log_decay 7.8e-7 from float64 against 6.2e-3 with the scans on bf16 operands.
 FLOAT32_X3 = jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3
-FAST_RANGE = 20.0  # chunks whose log-decays sum to >= -FAST_RANGE per feature: one product
+# chunks whose log-decays sum to >= -FAST_RANGE per feature: one product (module docstring)
+FAST_RANGE = ONE_PRODUCT_RANGE
 PREFIX_BLOCK_K = 32  # K rows per prefix_states program (docs/kernels.md)
 
 
