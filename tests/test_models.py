@@ -121,7 +121,10 @@ def test_bfloat16(rng):
     logits16 = model16.apply(variables, tokens, train=False)
     assert logits16.dtype == jnp.float32
     err = np.sqrt(np.mean((np.asarray(logits16) - logits32) ** 2) / np.mean(logits32 ** 2))
-    assert err < 2e-2
+    # bf16 activations through the whole model: over seeds 0-199 the error's median was 5.0e-3,
+    # its 99th percentile 1.3e-2 and its largest 1.7e-2; seed 2135072126 gave 2.3e-2 (small
+    # logits make the ratio large). A dtype slip gives errors of order 1.
+    assert err < 4e-2
 
 
 def test_sinusoidal_embedding():
