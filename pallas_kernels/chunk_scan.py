@@ -324,6 +324,17 @@ def decay_factors(g, chunk, *, reverse):
     return jnp.exp(expo).reshape(B, H, L), jnp.exp(jnp.sum(a, axis=-1))
 
 
+def mask_rows(g, chunk):
+    """The per-token rows the Mosaic GPU chunk kernels build their masks and decayed queries
+    and keys from (``mosaic_outputs.py``, ``mosaic_causal.py``): ``[3, B, H, L]`` float32 of
+    ``A`` (chunk-local inclusive cumsums of ``g [B, L, H]``), ``e^A`` and the forward walk's
+    key factors ``exp(sum_{s > j} a_s)`` (:func:`decay_factors`)."""
+    B, L, H = g.shape
+    a = jnp.cumsum(jnp.swapaxes(g, 1, 2).reshape(B, H, L // chunk, chunk), axis=-1)
+    a = a.reshape(B, H, L)
+    return jnp.stack([a, jnp.exp(a), decay_factors(g, chunk, reverse=False)[0]])
+
+
 def entering_states(ends, d, start, *, reverse):
     """The state entering each run, from each run's end state when walked from zero.
 

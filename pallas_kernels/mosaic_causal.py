@@ -52,7 +52,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import (decay_factors, entering_states, stacked_decay_factors)
+from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
 from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, row_and_column_tiles, rows_of
 
@@ -263,7 +263,7 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
         ``chunk``.
       g: float32 log-decays (entries <= 0): ``[B, L, H]``, or per key feature
         ``[B, L, H, Kp]`` (bf16 inputs, ``splits=1``, and every chunk's log-decays summing to
-        at least ``-per_feature.FAST_RANGE`` in every feature, which the caller checks: the
+        at least ``-ONE_PRODUCT_RANGE`` in every feature, which the caller checks: the
         kernel takes them in GLA's one-product form, ``exp(-b)`` up to ``e^20``).
       s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first token.
       splits: runs to cut the chunks into (a power of two dividing N; module docstring).
@@ -294,9 +294,8 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
     if per_feature:  # b: chunk-local inclusive cumsums per feature; and b at each chunk's end
         b = jnp.cumsum(g.reshape(B, N, chunk, H, kp), axis=2)
         decay, last = b.reshape(B, L, H, kp), b[:, :, -1].transpose(0, 2, 1, 3).reshape(B, H, -1)
-    else:  # A, e^A = exp(A) and e^tail per token (chunk_scan.decay_factors)
-        a = jnp.cumsum(jnp.swapaxes(g, 1, 2).reshape(B, H, N, chunk), axis=-1).reshape(B, H, L)
-        decay, last = jnp.stack([a, jnp.exp(a), decay_factors(g, chunk, reverse=False)[0]]), None
+    else:  # A, e^A and e^tail per token
+        decay, last = mask_rows(g, chunk), None
     out_type = [jax.ShapeDtypeStruct((B, L, H, vp), q.dtype)]
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))

@@ -37,7 +37,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import decay_factors
+from pallas_kernels.chunk_scan import mask_rows
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
 from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, row_and_column_tiles, rows_of
 from pallas_kernels.two_pass import runs_until
@@ -229,8 +229,7 @@ def bidirectional_outputs_mosaic(q, k, v, g, h, z=None, offset=None, *, chunk, n
     vp = v.shape[-1]
     N, nvb = L // chunk, vp // BLOCK_V
     # A, e^head = exp(A) (the reverse walk's key factors) and e^tail (the forward walk's)
-    a = jnp.cumsum(jnp.swapaxes(g, 1, 2).reshape(B, H, N, chunk), axis=-1).reshape(B, H, L)
-    rows = jnp.stack([a, jnp.exp(a), decay_factors(g, chunk, reverse=False)[0]])
+    rows = mask_rows(g, chunk)
     runs = runs_until(B * H * nvb, N, TARGET_PROGRAMS)
     out_type = [jax.ShapeDtypeStruct((B, L, H, vp), out_dtype)] * (1 + low_part)
     if normalize:

@@ -45,7 +45,7 @@ def test_variant_builds_with_trainer_keys(rel, module, variant):
     assert all(isinstance(d, str) and d for d in module.VARIANTS.values())
 
 
-def test_recorded_config_is_the_run_s_own():
+def test_recorded_config_is_the_run_s_own(tmp_path):
     """configs/recorded.py gives back every key of a config as the config file wrote it
     (sequences as tuples), from a workdir, a record folder or a config.json."""
     import json
@@ -56,7 +56,7 @@ def test_recorded_config_is_the_run_s_own():
         config = listops.get_config(variant)
         for arg in (recorded.EXAMPLE, f"{recorded.EXAMPLE}/config.json"):
             assert recorded.get_config(arg).to_json_best_effort()  # loads
-        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"recorded_{variant}.json")
+        path = tmp_path / f"recorded_{variant}.json"
         with open(path, "w") as f:
             f.write(config.to_json_best_effort())
         assert recorded.get_config(path).to_dict() == config.to_dict()
