@@ -26,7 +26,10 @@ with one per token and head (LION-S), and with it along ViT's row- and column-sn
 under each block (32 / 64 rows), forward and backward ``num_warps`` (4 / 8) and
 ``num_stages`` (1-3): its forward, dq and dk/dv kernels' own times. ``--dense_defaults`` times
 only the kernel's default setting (``lion_dense.BLOCK``, ``NUM_WARPS``, ``NUM_STAGES``), one
-compilation per case instead of 24.
+compilation per case and backend instead of 24. ``--dense_backends`` names the forward
+kernels to time (``lion_dense``'s ``backend``: ``triton``, ``mosaic``; the Mosaic GPU kernels'
+times show in the same columns) and ``--dense_length`` the tokens (197; the Mosaic GPU kernels
+take multiples of 8, and ``s_v2`` a square grid of patches + CLS).
 """
 
 import argparse
@@ -139,9 +142,10 @@ DENSE_CASES = {
 
 
 def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=3, dim=64,
-                   sweep=True):
+                   sweep=True, backends=("triton",)):
     """Prints lion_dense's kernel times (ms) at ViT-T's shape under every launch setting
-    (``sweep=False``: the default one), for each of ``cases`` (keys of :data:`DENSE_CASES`)."""
+    (``sweep=False``: the default one) and forward ``backends``, for each of ``cases`` (keys of
+    :data:`DENSE_CASES`)."""
     from lion_jax.models.vit import token_orders
 
     keys = jax.random.split(jax.random.PRNGKey(0), 5)
@@ -149,7 +153,8 @@ def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=
                    for key in keys[:4])
     log_decay = -jax.nn.softplus(jax.random.normal(keys[4], (batch, length, heads)))
     side = int(round((length - 1) ** 0.5))
-    snakes = token_orders(side, side, ("row_snake", "col_snake"))
+    snakes = (token_orders(side, side, ("row_snake", "col_snake"))
+              if side * side + 1 == length else None)
     names = ("lion_dense_forward", "lion_dense_dq", "lion_dense_dkv")
     inputs_of = {"lit": (None, None), "s": (log_decay, None), "s_v2": (log_decay, snakes)}
     for case in cases:
@@ -158,13 +163,14 @@ def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=
               "(ms per call of each kernel)")
         settings = (itertools.product((32, 64), (4, 8), (4, 8), (1, 2, 3)) if sweep else
                     [(DENSE_BLOCK, DENSE_WARPS, DENSE_WARPS, DENSE_STAGES)])
-        for block, fw, bw, st in settings:
+        for backend, (block, fw, bw, st) in itertools.product(backends, settings):
             def fwd_bwd(q, k, v, g, settings=dict(block=block, num_warps=fw, backward_warps=bw,
-                                                   num_stages=st, orders=orders)):
+                                                   num_stages=st, orders=orders,
+                                                   backend=backend)):
                 out, vjp = jax.vjp(lambda *a: pallas_kernels.lion_dense(*a, **settings), q, k,
                                    v, *([] if g is None else [g]))
                 return out, vjp(dy)
-            setting = f"block={block} warps={fw}/{bw} stages={st}"
+            setting = f"{backend} block={block} warps={fw}/{bw} stages={st}"
             try:
                 times = kernel_times(jax.jit(fwd_bwd), (q, k, v, g), reps)
             except Exception as e:  # a setting the kernel cannot take (shared memory)
@@ -189,6 +195,10 @@ def main():
                         help="with --dense: which inputs, of " + ", ".join(DENSE_CASES))
     parser.add_argument("--dense_defaults", action="store_true",
                         help="with --dense: only lion_dense's default launch setting")
+    parser.add_argument("--dense_backends", default="triton",
+                        help="with --dense: the kernels to time, of triton, mosaic")
+    parser.add_argument("--dense_length", type=int, default=197,
+                        help="with --dense: the tokens per sequence (ViT-T at 224 px: 197)")
     args = parser.parse_args()
     unknown = set(args.ops.split(",")) - set(OPS)
     if unknown:
@@ -197,11 +207,16 @@ def main():
     if set(cases) - set(DENSE_CASES):
         parser.error(f"unknown --dense_cases {sorted(set(cases) - set(DENSE_CASES))}; choose "
                      f"from {sorted(DENSE_CASES)}")
+    side = int(round((args.dense_length - 1) ** 0.5))
+    if args.dense and "s_v2" in cases and side * side + 1 != args.dense_length:
+        parser.error("--dense_cases s_v2 needs --dense_length a square + 1 (e.g. 197)")
     if jax.default_backend() != "gpu":
         raise SystemExit("profile_kernels needs a GPU (CUDA kernels are what it times)")
     if args.dense:
         print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}")
-        dense_settings(args.reps, cases, sweep=not args.dense_defaults)
+        dense_settings(args.reps, cases, length=args.dense_length,
+                       sweep=not args.dense_defaults,
+                       backends=tuple(args.dense_backends.split(",")))
         return
     rng = np.random.default_rng(0)
     print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, B={args.batch} "

@@ -89,6 +89,9 @@ launch with both orders replaces two per order (numerator, and denominator on 16
 columns) of ``ops.lion_attention``'s generic per-order path. With several orders the dk/dv
 launch runs on blocks of ``ORDERS_DKV_BLOCK`` rows (a finer grid over the same arrays), where
 its extra mask tiles fit the registers.
+
+``backend="mosaic"`` runs the same math in the Hopper wgmma kernels of ``mosaic_dense.py``
+instead (opt-in: tested in the Mosaic GPU interpreter, not yet on a GPU; docs/kernels.md).
 """
 
 import dataclasses
@@ -98,10 +101,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.bidirectional import two_parts as _two_parts
 from pallas_kernels.chunk_scan import _next_pow2
+from pallas_kernels.mosaic_dense import backward_supported as mosaic_backward_reason
+from pallas_kernels.mosaic_dense import dense_backward_mosaic, dense_forward_mosaic
+from pallas_kernels.mosaic_dense import supported as mosaic_forward_reason
 
 LOG2_E = float(np.log2(np.e))  # exp(x) = exp2(x log2(e)): :func:`_decay_masks`
 MAX_LEN = 256
@@ -497,6 +504,8 @@ class _Config:
     f32: bool  # float32 inputs: exact float32 matmuls
     split: bool  # normalised 16-bit inputs with two_parts: see the module docstring
     interpret: bool
+    mosaic: bool  # the forward on Mosaic GPU (mosaic_dense.py)
+    mosaic_backward: bool  # the backward too
     forward_warps: int
     backward_warps: int
     num_stages: int
@@ -546,8 +555,12 @@ class _Config:
 
 def _forward(q, k, v, a, cfg, differentiated):
     """``(y, den or None, y's low part or None)``; ``a``: A's arrays (:func:`_cumulative`)."""
-    qk, vs, row = cfg.specs()
     split = cfg.split and differentiated
+    if cfg.mosaic:
+        return dense_forward_mosaic(
+            q, k, v, a, normalize=cfg.normalize, eps=cfg.eps, split=split,
+            interpret=plgpu.InterpretGPUParams() if cfg.interpret else None)
+    qk, vs, row = cfg.specs()
     outs = [(v.shape, v.dtype, vs)]
     if cfg.normalize:
         outs.append((q.shape[:3], jnp.float32, row))
@@ -562,6 +575,10 @@ def _forward(q, k, v, a, cfg, differentiated):
 def _backward(q, k, v, a, y, den, y_low, dy, cfg):
     """``(dq, dk, dv, dA)``: dq, dk, dv in the inputs' dtype; dA a list of float32
     ``[B, L, H]``, one per order (empty without decay)."""
+    if cfg.mosaic_backward:
+        return dense_backward_mosaic(
+            q, k, v, a, y, den, y_low, dy, normalize=cfg.normalize, eps=cfg.eps, split=cfg.split,
+            interpret=plgpu.InterpretGPUParams() if cfg.interpret else None)
     qk, vs, row = cfg.specs()
     decay, normalize = cfg.decay, cfg.normalize
     rows = (q.shape[:3], jnp.float32, row)
@@ -645,7 +662,7 @@ def _cumulative_in_orders(log_decay, exact, orders):
 
 def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None,
                interpret=None, block=None, two_parts=True, num_warps=None,
-               backward_warps=None, num_stages=None):
+               backward_warps=None, num_stages=None, backend=None):
     """LION attention for L <= ``MAX_LEN``, flash-attention style (see the module docstring).
 
     Args:
@@ -667,6 +684,12 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
       num_warps, backward_warps, num_stages: Triton launch settings of the forward kernel,
         of the two backward kernels, and of all three (None: ``NUM_WARPS``, ``NUM_WARPS``,
         ``NUM_STAGES``); ``python -m experiments.profile_kernels --dense`` times them.
+      backend: the kernels: None or ``"triton"`` (Triton), or ``"mosaic"``: the Mosaic GPU
+        kernels of ``mosaic_dense.py`` for Hopper (16-bit, head dims 64 or 128, L a multiple
+        of 8; the backward in the token order, else Triton's; a ValueError with the reason
+        for inputs the forward cannot take; with ``interpret``, the Mosaic GPU interpreter).
+        They pass their tests in the interpreter but have not yet run on a GPU, so None does
+        not pick them (docs/kernels.md, "lion_dense on Mosaic GPU").
     Returns:
       ``[B, L, H, V]`` in v.dtype; differentiable in q, k, v and log_decay (gradients in
       their dtypes).
@@ -693,8 +716,17 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
     if any(x is not None and (not isinstance(x, int) or x < 1) for x in settings):
         raise ValueError(f"lion_dense: num_warps, backward_warps and num_stages must be "
                          f"positive ints or None; got {settings}")
+    if backend not in (None, "mosaic", "triton"):
+        raise ValueError(f"lion_dense: backend must be None, 'mosaic' or 'triton'; got "
+                         f"{backend!r}")
+    mosaic = backend == "mosaic"
+    if mosaic and (reason := mosaic_forward_reason(q, k, v, max(len(a), 1))) is not None:
+        raise ValueError(f"lion_dense: backend='mosaic': {reason}; use backend=None")
     cfg = _Config(B, L, H, (K, v.shape[-1]), _block(L, block), len(a),
                   (len(positions) or 1) if a else 1, positions if a else (), bool(normalize),
                   float(eps), f32, bool(two_parts and normalize and not f32), bool(interpret),
-                  num_warps or NUM_WARPS, backward_warps or NUM_WARPS, num_stages or NUM_STAGES)
+                  mosaic, mosaic and mosaic_backward_reason(q, k, v, max(len(a), 1),
+                                                            positions) is None,
+                  num_warps or NUM_WARPS, backward_warps or NUM_WARPS,
+                  num_stages or NUM_STAGES)
     return _dense(q, k, v, a, cfg)

@@ -167,13 +167,15 @@ def test_bf16_decay_gradient(rng):
     assert err <= 1e-4
 
 
-def test_strong_decay_is_finite(rng):
-    """bf16, log-decays of -20 and -200 per token (197 tokens: |A| up to 4e4) and a bf16
-    log_decay: no NaN or inf anywhere, the gradient of log_decay in its dtype."""
-    (q, k, v, _), dy = make_inputs(rng, 1, 197, 2, 16, 16, jnp.bfloat16, None)
-    g = jnp.asarray(np.stack([np.full((1, 197), -20.0), np.full((1, 197), -200.0)], -1),
+@pytest.mark.parametrize("L,dim,backend", [(197, 16, None), (200, 64, "mosaic")])
+def test_strong_decay_is_finite(rng, L, dim, backend):
+    """bf16, log-decays of -20 and -200 per token (|A| up to 4e4) and a bf16 log_decay: no
+    NaN or inf anywhere, the gradient of log_decay in its dtype (Triton's kernels, and Mosaic
+    GPU's at head dim 64)."""
+    (q, k, v, _), dy = make_inputs(rng, 1, L, 2, dim, dim, jnp.bfloat16, None)
+    g = jnp.asarray(np.stack([np.full((1, L), -20.0), np.full((1, L), -200.0)], -1),
                     jnp.bfloat16)
-    got = value_and_grads(kernel_fn(g), (q, k, v, g), dy)
+    got = value_and_grads(kernel_fn(g, backend=backend), (q, k, v, g), dy)
     assert got[4].dtype == jnp.bfloat16
     for name, x in zip(NAMES, got):
         assert np.all(np.isfinite(np.asarray(x, np.float32))), name
@@ -327,3 +329,58 @@ def test_vit_shape_on_gpu(rng):
         err = rel_err(a, b)
         print(f"{name}: {err:.2e}")
         assert err <= TOL[jnp.bfloat16], f"{name}: {err:.3e}"
+
+
+MOSAIC_CASES = [  # L, K, V, decay, normalize, orders
+    (200, 64, 64, "moderate", True, None),  # 3 key blocks and 8 tokens
+    (104, 64, 128, "mixed", False, None),
+    (32, 128, 64, None, True, None),  # shorter than one block
+    (200, 64, 64, "moderate", True, "random+reversed"),  # two orders' masks averaged
+]
+
+
+@pytest.mark.parametrize("L,K,V,decay,normalize,kind", MOSAIC_CASES)
+def test_mosaic_forward(rng, L, K, V, decay, normalize, kind):
+    """backend="mosaic" (the Mosaic GPU kernels, in their interpreter on CPU; with token orders
+    the backward is Triton's), bf16: the output, differentiated (P in two parts, y's low part
+    out) and not, and the four gradients against the float64 formula, within bf16's
+    tolerance."""
+    orders = None if kind is None else make_orders(rng, L, kind)
+    args, dy = make_inputs(rng, 1, L, 2, K, V, jnp.bfloat16, decay)
+    fn = kernel_fn(args[3], normalize=normalize, orders=orders, backend="mosaic")
+    got = value_and_grads(fn, args, dy)
+    with jax.enable_x64(True):
+        f64 = [jnp.asarray(np.asarray(x, np.float64)) for x in args if x is not None]
+        if orders is None:
+            form = lambda *a: formula(  # noqa: E731
+                *a, *([None] * (4 - len(a))), normalize=normalize)
+        else:
+            form = lambda *a: formula_in_orders(*a, orders, normalize=normalize)  # noqa: E731
+        want = value_and_grads(form, f64, jnp.asarray(np.asarray(dy, np.float64)))
+    for name, a, b in zip(NAMES, got, want):
+        err = rel_err(a, np.asarray(b))
+        print(f"{name}: {err:.2e}")
+        assert err <= TOL[jnp.bfloat16], f"{name}: {err:.3e}"
+    y = jax.jit(fn)(*[a for a in args if a is not None])  # not differentiated: one part
+    assert rel_err(y, np.asarray(want[0])) <= TOL[jnp.bfloat16]
+
+
+def test_mosaic_backend_choice():
+    """backend="mosaic" takes the Mosaic kernels forward and backward (no Triton launch) and
+    refuses what it cannot take in one line; a bad backend names the choices."""
+    x = jnp.zeros((1, 40, 2, 64), jnp.bfloat16)
+    g = jnp.zeros((1, 40, 2), jnp.float32)
+    fwd = str(jax.make_jaxpr(lambda *a: pallas_kernels.lion_dense(*a, backend="mosaic"))(
+        x, x, x, g))
+    assert "wgmma" in fwd and "pallas_call" not in fwd
+    grads = str(jax.make_jaxpr(jax.grad(lambda *a: jnp.sum(pallas_kernels.lion_dense(
+        *a, backend="mosaic").astype(jnp.float32)), (0, 1, 2, 3)))(x, x, x, g))
+    assert "pallas_call" not in grads  # the backward on Mosaic GPU too (token order)
+    with pytest.raises(ValueError, match=r"backend='mosaic': .*bf16 or fp16 inputs"):
+        pallas_kernels.lion_dense(*(x.astype(jnp.float32),) * 3, g, backend="mosaic")
+    with pytest.raises(ValueError, match=r"backend='mosaic': .*head dims 64 or 128"):
+        pallas_kernels.lion_dense(x[..., :32], x[..., :32], x, g, backend="mosaic")
+    with pytest.raises(ValueError, match=r"backend='mosaic': .*a multiple of 8 \(got 39\)"):
+        pallas_kernels.lion_dense(*(x[:, :39],) * 3, g[:, :39], backend="mosaic")
+    with pytest.raises(ValueError, match=r"backend must be None, 'mosaic' or 'triton'"):
+        pallas_kernels.lion_dense(x, x, x, g, backend="cuda")
