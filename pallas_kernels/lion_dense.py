@@ -685,8 +685,8 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
         of the two backward kernels, and of all three (None: ``NUM_WARPS``, ``NUM_WARPS``,
         ``NUM_STAGES``); ``python -m experiments.profile_kernels --dense`` times them.
       backend: the kernels: None or ``"triton"`` (Triton), or ``"mosaic"``: the Mosaic GPU
-        kernels of ``mosaic_dense.py`` for Hopper (16-bit, head dims 64 or 128, L a multiple
-        of 8; the backward in the token order, else Triton's; a ValueError with the reason
+        kernels of ``mosaic_dense.py`` for Hopper (16-bit, head dims 64 or 128; the backward
+        in the token order, else Triton's; a ValueError with the reason
         for inputs the forward cannot take; with ``interpret``, the Mosaic GPU interpreter).
         They pass their tests in the interpreter but have not yet run on a GPU, so None does
         not pick them (docs/kernels.md, "lion_dense on Mosaic GPU").

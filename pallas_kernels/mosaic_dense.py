@@ -27,9 +27,10 @@ shared memory as the A operand of the ``P V`` wgmma, issued together with the ne
 ``Q K^T``; the row sums while they run. The backward kernels walk the other side's blocks in
 a two-step TMA pipeline (``plgpu.emit_pipeline``), the gradients carried in registers.
 TMA fills rows of a block past L with zeros (which add nothing: their S and dy are 0) and
-drops stores past L; its copies into swizzled tiles need L a multiple of 8 (the global
-array is viewed in 8-row tiles), so ViT's 197 tokens are not taken (docs/kernels.md, "lion_dense
-on Mosaic GPU"). Float32 rows (A, den, dden, dA) go as ``[B, H, Lp]``, L padded to a
+drops stores past L; but its copies into swizzled tiles view the whole array in 8-row tiles,
+so for L not a multiple of 8 (ViT's 197) the ``[B, L, H, D]`` arrays are padded to one and
+the results sliced back (:func:`_whole_tiles`: copies in XLA, the cost of this first version;
+docs/kernels.md, "lion_dense on Mosaic GPU"). Float32 rows (A, den, dden, dA) go as ``[B, H, Lp]``, L padded to a
 multiple of 64.
 
 16-bit q, k, v with head dims 64 or 128 (:func:`supported`); ``lion_dense(...,
@@ -74,6 +75,15 @@ def _rows(x):
     return jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (0, _padded(L) - L)))
 
 
+def _whole_tiles(*xs):
+    """``[B, L, H, D]`` arrays with L padded by zeros to a multiple of 8 (as they are when it
+    is one): TMA copies into swizzled shared-memory tiles view the whole array in 8-row
+    tiles, so L = 197 takes copies of the arrays to 200 rows and of the results back."""
+    pad = -xs[0].shape[1] % 8
+    return [x if x is None or not pad else jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+            for x in xs]
+
+
 def _tokens(x, L):
     """The kernels' rows ``[B, H, Lp]`` back as ``[B, L, H]``."""
     return jnp.swapaxes(x[..., :L], 1, 2)
@@ -88,9 +98,8 @@ def supported(q, k, v, orders=1):
     kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
     if kp % 64 or vp % 64 or kp > 128 or vp > 128:
         return f"the Mosaic dense forward takes head dims 64 or 128 (got K={kp}, V={vp})"
-    if not 1 <= L <= MAX_LEN or L % 8:
-        return (f"the Mosaic dense forward takes L <= {MAX_LEN}, a multiple of 8 (got {L}): "
-                "its TMA copies into swizzled tiles need whole 8-row tiles in memory")
+    if not 1 <= L <= MAX_LEN:
+        return f"the Mosaic dense forward takes L <= {MAX_LEN} (got {L})"
     need = _smem_bytes(L, kp, vp, q.dtype.itemsize, orders) + 4096
     if need > SMEM_BYTES:
         return f"the Mosaic dense forward needs {need} bytes of shared memory"
@@ -215,6 +224,7 @@ def dense_forward_mosaic(q, k, v, a, *, normalize, eps, split, interpret=None):
     if (reason := supported(q, k, v, max(len(a), 1))) is not None:
         raise ValueError(reason)
     B, L, H, _ = q.shape
+    q, k, v = _whole_tiles(q, k, v)
     out_type = [jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if normalize:
         out_type.append(jax.ShapeDtypeStruct((B, H, _padded(L)), jnp.float32))
@@ -227,9 +237,9 @@ def dense_forward_mosaic(q, k, v, a, *, normalize, eps, split, interpret=None):
         kernel_name="lion_dense_forward_mosaic")
     a_t = jnp.stack([_rows(x) for x in a]) if a else None
     outs = list(kernel(q, k, v, a_t))
-    y = outs.pop(0)
+    y = outs.pop(0)[:, :L]
     den = _tokens(outs.pop(0), L) if normalize else None
-    return y, den, (outs.pop(0) if split else None)
+    return y, den, (outs.pop(0)[:, :L] if split else None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -468,6 +478,7 @@ def dense_backward_mosaic(q, k, v, a, y, den, y_low, dy, *, normalize, eps, spli
         raise ValueError(reason)
     B, L, H, _ = q.shape
     nb = -(-L // BLOCK)
+    q, k, v, dy, y, y_low = _whole_tiles(q, k, v, dy, y, y_low)
     a_t = _rows(a[0]) if a else None
     den_t = _rows(den) if normalize else None
     vec = jax.ShapeDtypeStruct((B, H, _padded(L)), jnp.float32)
@@ -485,4 +496,5 @@ def dense_backward_mosaic(q, k, v, a, y, den, y_low, dy, *, normalize, eps, spli
         functools.partial(_dkv_kernel, length=L, normalize=normalize, eps=eps),
         out_type=tuple(dkv_out + [vec] * bool(a)), grid=(B, H, nb), grid_names=tuple("bhj"),
         kernel_name="lion_dense_dkv_mosaic", **params)(q, k, v, dy, den_t, dden, a_t)
+    dq, dk, dv = (x[:, :L] for x in (dq, dk, dv))
     return dq, dk, dv, [_tokens(res[0] + da_cols[0], L)] if a else []
