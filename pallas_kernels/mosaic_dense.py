@@ -30,8 +30,8 @@ TMA fills rows of a block past L with zeros (which add nothing: their S and dy a
 drops stores past L; but its copies into swizzled tiles view the whole array in 8-row tiles,
 so for L not a multiple of 8 (ViT's 197) the ``[B, L, H, D]`` arrays are padded to one and
 the results sliced back (:func:`_whole_tiles`: copies in XLA, the cost of this first version;
-docs/kernels.md, "lion_dense on Mosaic GPU"). Float32 rows (A, den, dden, dA) go as ``[B, H, Lp]``, L padded to a
-multiple of 64.
+docs/kernels.md, "lion_dense on Mosaic GPU"). Float32 rows (A, den, dden, dA) go as
+``[B, H, Lp]``, L padded to a multiple of 64.
 
 16-bit q, k, v with head dims 64 or 128 (:func:`supported`); ``lion_dense(...,
 backend="mosaic")`` runs them. Tested in the Mosaic GPU interpreter; not yet run on a GPU.
