@@ -76,20 +76,24 @@ class Checkpointer:
                                                  abstract_state)
         return state, restored.meta
 
-    def restore_best_params(self):
-        """``(step, params, model_state)`` of the best checkpoint as host arrays in the
-        structure they were saved with (``model_state`` None for a task without one); None
-        when there is no best checkpoint."""
-        step = self._best.latest_step()
+    def restore_params(self, which="best"):
+        """``(step, params, model_state)`` of the ``which`` ("best" or "latest") checkpoint as
+        host arrays in the structure they were saved with: ``params`` are the ones the trainer
+        evaluates (the EMA parameters when the run keeps them), ``model_state`` None for a
+        task without one. None when there is no such checkpoint."""
+        manager = {"best": self._best, "latest": self._latest}[which]
+        step = manager.latest_step()
         if step is None:
             return None
         # Numpy targets: read whole on the host, whatever mesh and processes saved it (without
         # a target orbax re-creates the saved sharding, and refuses another process layout).
         target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype),
-                              self._best.item_metadata(step)["state"])
-        restored = self._best.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target)))
-        return step, restored.state["params"], restored.state.get("model_state")
+                              manager.item_metadata(step)["state"])
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target))).state
+        params = restored.get("ema_params")
+        return (step, restored["params"] if params is None else params,
+                restored.get("model_state"))
 
     def close(self):
         """Waits for pending saves and releases the managers."""
@@ -98,26 +102,29 @@ class Checkpointer:
             manager.close()
 
 
-def load_best_run(workdir, task, program, *, model_state=False):
-    """``(config, step, params)``: ``workdir``'s config and best checkpoint, for ``program``
-    (a name for the messages), which applies to ``task`` runs; ``model_state=True`` adds the
-    checkpoint's model state (e.g. BatchNorm statistics; None when the task has none). UserError
-    (one line) when the workdir is not a run, is another task's, or has no best checkpoint."""
+def load_best_run(workdir, task, program, *, model_state=False, which="best"):
+    """``(config, step, params)``: ``workdir``'s config and best checkpoint (``which="latest"``:
+    its newest periodic one), for ``program`` (a name for the messages), which applies to
+    ``task`` runs (None: any task); the params are those the trainer evaluates (EMA ones when
+    the run keeps them); ``model_state=True`` adds the checkpoint's model state (e.g.
+    BatchNorm statistics; None when the task has none). UserError (one line) when the workdir
+    is not a run, is another task's, or has no such checkpoint."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise UserError(f"{path} not found: {program} needs the workdir of a training run")
     with open(path) as f:
         config = ml_collections.ConfigDict(json.load(f))
-    if config.task != task:
+    if task is not None and config.task != task:
         raise UserError(f"{workdir} is a {config.task!r} run; {program} applies to {task} runs")
-    best = Checkpointer(workdir, keep=1)
+    checkpoints = Checkpointer(workdir, keep=1)
     try:
-        restored = best.restore_best_params()
+        restored = checkpoints.restore_params(which)
     finally:
-        best.close()
+        checkpoints.close()
     if restored is None:
         raise UserError(f"{workdir} has no best checkpoint yet (it appears at the first "
-                        "evaluation)")
+                        "evaluation)" if which == "best" else
+                        f"{workdir} has no checkpoint in {checkpoints.latest_dir}")
     return config, *(restored if model_state else restored[:2])
 
 
