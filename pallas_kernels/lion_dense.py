@@ -91,7 +91,8 @@ launch runs on blocks of ``ORDERS_DKV_BLOCK`` rows (a finer grid over the same a
 its extra mask tiles fit the registers.
 
 ``backend="mosaic"`` runs the same math in the Hopper wgmma kernels of ``mosaic_dense.py``
-instead (opt-in: tested in the Mosaic GPU interpreter, not yet on a GPU; docs/kernels.md).
+instead (opt-in: on one H200 its kernels beat these at ViT-T's layer, but at L = 197 the
+copies that pad the arrays to 200 rows for its TMA tiles eat the gain; docs/kernels.md).
 """
 
 import dataclasses
@@ -688,8 +689,9 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
         kernels of ``mosaic_dense.py`` for Hopper (16-bit, head dims 64 or 128; the backward
         in the token order, else Triton's; a ValueError with the reason
         for inputs the forward cannot take; with ``interpret``, the Mosaic GPU interpreter).
-        They pass their tests in the interpreter but have not yet run on a GPU, so None does
-        not pick them (docs/kernels.md, "lion_dense on Mosaic GPU").
+        They pass their tests in the interpreter and on an H200, but at L = 197 their
+        padding copies cost what their kernels save, so None does not pick them
+        (docs/kernels.md, "lion_dense on Mosaic GPU").
     Returns:
       ``[B, L, H, V]`` in v.dtype; differentiable in q, k, v and log_decay (gradients in
       their dtypes).

@@ -34,7 +34,8 @@ docs/kernels.md, "lion_dense on Mosaic GPU"). Float32 rows (A, den, dden, dA) go
 ``[B, H, Lp]``, L padded to a multiple of 64.
 
 16-bit q, k, v with head dims 64 or 128 (:func:`supported`); ``lion_dense(...,
-backend="mosaic")`` runs them. Tested in the Mosaic GPU interpreter; not yet run on a GPU.
+backend="mosaic")`` runs them. Tested in the Mosaic GPU interpreter and on one H200
+(docs/kernels.md has the times).
 """
 
 import functools
