@@ -2,13 +2,15 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
 
     python -m experiments.bench_vision [--out DIR] [--size tiny] [--train_batch 256]
         [--infer_batch 128] [--resolutions 224,448,672,896,1248] [--calls 10]
-        [--skip_train] [--inference_sides "LION-S, pallas;ViT, cuDNN flash"]
+        [--skip_train] [--inference_sides "LION-S, pallas;ViT, cuDNN flash"] [--token_multiple 8]
 
 (a) Train step at 224 px (patch 16, 197 tokens), batch ``--train_batch``: forward, backward
     and an AdamW update of ViT-T/S with softmax attention (cuDNN's flash attention, which
     takes 198 tokens, one padded and masked: ``layers.softmax.padded_to_even``; and XLA's)
     against LION-LIT, LION-D, LION-S and LION-S (v2) of the same size with ``impl="auto"``. A
-    side that cannot run is a row with the reason.
+    side that cannot run is a row with the reason. ``--token_multiple N`` pads the LION
+    models' tokens with masked ones to a multiple of N (``VisionTransformer.token_multiple``;
+    8: 197 -> 200 tokens, whole 8-row tiles for the Mosaic GPU ``lion_dense``).
 (b) Inference at each resolution, batch ``--infer_batch``, bf16: images/s and XLA's compiled
     memory (arguments + outputs + temporaries of the whole jitted forward) of ViT with cuDNN
     flash attention (learned positions resized) and with plain XLA softmax, and of LION-S with
@@ -49,19 +51,23 @@ def define_flags():
                       "Inference resolutions (multiples of 16).")
     flags.DEFINE_integer("calls", 10, "Calls timed back to back.")
     flags.DEFINE_bool("skip_train", False, "Only the inference part.")
+    flags.DEFINE_integer("token_multiple", 1, "Pad the LION models' tokens to a multiple of "
+                         "this in the train step (VisionTransformer.token_multiple).")
     flags.DEFINE_string("inference_sides", None,
                         "Inference sides to run (default all): names as in the table, "
                         "separated by ';', e.g. 'LION-S, recurrent;ViT, cuDNN flash'; an "
                         "empty value skips inference.")
 
 
-def model(size, kind, mixer=None, orders=("raster",), image_size=224):
-    """A ViT of ``size``: ``kind`` "softmax" (learned positions) or "lion" with ``mixer``."""
+def model(size, kind, mixer=None, orders=("raster",), image_size=224, token_multiple=1):
+    """A ViT of ``size``: ``kind`` "softmax" (learned positions) or "lion" with ``mixer``
+    (tokens padded to a multiple of ``token_multiple``)."""
     softmax = kind == "softmax"
     return VisionTransformer(
         num_classes=1000, patch_size=PATCH, **vit_size(size), mixer_kind=kind,
         mixer=mixer or {}, orders=orders, pos_emb="learned" if softmax else "none",
-        image_size=image_size if softmax else None, dtype=jnp.bfloat16)
+        image_size=image_size if softmax else None, token_multiple=token_multiple,
+        dtype=jnp.bfloat16)
 
 
 def failure(e):
@@ -101,13 +107,15 @@ def inference(net, params, batch, resolution, calls):
     return batch / timed(compiled, params, images, calls=calls) * 1e3, mib
 
 
-def train_rows(size, batch, calls):
+def train_rows(size, batch, calls, token_multiple=1):
     sides = [(f"ViT ({'cuDNN flash' if impl == 'cudnn' else 'XLA'} softmax)",
               model(size, "softmax", dict(impl=impl))) for impl in ("cudnn", "xla")]
-    sides += [(name, model(size, "lion", dict(mixer, impl="auto")))
+    padded = dict(token_multiple=token_multiple)
+    note = f" (tokens padded to a multiple of {token_multiple})" if token_multiple > 1 else ""
+    sides += [(name + note, model(size, "lion", dict(mixer, impl="auto"), **padded))
               for name, mixer in LION.items()]
-    sides.append(("LION-S (v2)", model(size, "lion", dict(LION["LION-S"], impl="auto"),
-                                       ("row_snake", "col_snake"))))
+    sides.append(("LION-S (v2)" + note, model(size, "lion", dict(LION["LION-S"], impl="auto"),
+                                              ("row_snake", "col_snake"), **padded)))
     rows = []
     for name, net in sides:
         try:
@@ -209,7 +217,8 @@ def main(argv):
     if only is not None:
         only = [n.strip() for n in only.split(";") if n.strip()]
     device = jax.devices()[0].device_kind
-    train = None if FLAGS.skip_train else train_rows(FLAGS.size, FLAGS.train_batch, FLAGS.calls)
+    train = None if FLAGS.skip_train else train_rows(FLAGS.size, FLAGS.train_batch, FLAGS.calls,
+                                                     FLAGS.token_multiple)
     try:
         names, results = inference_rows(FLAGS.size, FLAGS.infer_batch, resolutions, FLAGS.calls,
                                         only)

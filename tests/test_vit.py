@@ -84,6 +84,32 @@ def test_lion_logits_agree_across_impls(rng, name):
         np.testing.assert_allclose(y, logits["attention"], rtol=1e-5, atol=1e-5, err_msg=impl)
 
 
+@pytest.mark.parametrize("name,pooling,impl", [
+    ("s", "cls", "attention"), ("s_v2", "mean", "attention"), ("lit", "mean", "chunk"),
+    ("d", "cls", "pallas"), ("s_v2", "cls", "pallas")])
+def test_padded_tokens_change_nothing(rng, name, pooling, impl):
+    """token_multiple=8 pads the 13 tokens (CLS + 3 x 4 patches) to 16, 5 x 7 + CLS to 40 and
+    leaves 3 x 5 + CLS (16) as it is: logits and every parameter's gradient equal the unpadded
+    model's (float32; "pallas" is ``lion_dense`` in the Pallas interpreter, one size)."""
+    for h, w in [(12, 16), (20, 28), (12, 20)][:1 if impl == "pallas" else 3]:
+        x = images(rng, 2, h, w)
+        base = model(name, pooling=pooling, mixer=MIXERS[name][1] | dict(impl=impl))
+        params = base.init(jax.random.key(int(rng.integers(2**31))), x, train=False)
+
+        def run(net):
+            loss = lambda p: jnp.sum(jnp.sin(net.apply(p, x, train=False)))  # noqa: E731
+            return jax.jit(jax.value_and_grad(loss))(params)
+
+        (got, got_grads), (want, want_grads) = run(base.clone(token_multiple=8)), run(base)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        scale = np.sqrt(sum(np.sum(np.square(np.asarray(b, np.float64)))
+                            for b in jax.tree.leaves(want_grads)))
+        for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+            assert np.all(np.isfinite(a))
+            err = np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+            assert err <= 1e-5 * scale
+
+
 def test_v2_averages_the_masks_of_both_orders(rng):
     """One LION-S layer with two orders: ``y = sum_j s_ij Mbar_ij v_j / sum_j s_ij Mbar_ij``,
     ``Mbar`` the mean of the masks the decays build along each order (paper C.8)."""
@@ -176,6 +202,8 @@ def test_sizes():
     (dict(pooling="max"), "unknown pooling"),
     (dict(mixer=dict(variant="s", impl="bogus")), "mixer: unknown impl 'bogus'"),
     (dict(mixer=dict(num_heads=4)), "set \\['num_heads'\\] on VisionTransformer"),
+    (dict(token_multiple=0), "token_multiple must be an int >= 1"),
+    (dict(mixer_kind="softmax", mixer={}, token_multiple=8), "pads the tokens for LION mixers"),
 ])
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):

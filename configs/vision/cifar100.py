@@ -63,7 +63,7 @@ def vit_t16():
         patch_size=16, **vit_size("tiny"), mixer_kind="lion",
         mixer=dict(variant="s", impl="auto", chunk_size=64), orders=("raster",),
         pos_emb="none", image_size=0, pooling="cls", dropout=0.1, drop_path=0.1,
-        norm="layernorm", dtype="bfloat16", param_dtype="float32"))
+        norm="layernorm", token_multiple=1, dtype="bfloat16", param_dtype="float32"))
 
 
 def apply_model_variant(c, variant):

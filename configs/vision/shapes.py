@@ -45,7 +45,7 @@ def get_config(arg=None):
         patch_size=8, **vit_size("tiny"), mixer_kind="lion",
         mixer=dict(variant="s", impl="auto", chunk_size=64), orders=("raster",),
         pos_emb="none", image_size=0, pooling="cls", dropout=0.0, drop_path=0.1,
-        norm="layernorm", dtype="bfloat16", param_dtype="float32"))
+        norm="layernorm", token_multiple=1, dtype="bfloat16", param_dtype="float32"))
     c.augment = ml_collections.ConfigDict(dict(flip=True))
     c.label_smoothing = 0.1
 

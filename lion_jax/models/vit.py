@@ -16,6 +16,13 @@ LION mixer averages the masks the decays build along each (:class:`LionAttention
 ``orders``); the CLS token stays first in every order. Orders are rebuilt from the patch grid
 at every call, so they follow the resolution.
 
+Padding (``token_multiple``, LION mixers): the tokens (CLS + patches) can be padded at the end
+with masked tokens to a multiple of ``token_multiple``, once for all blocks. It is exact: a
+padded token's key, value and decay are zeroed in every LION mixer (:class:`LionAttention`'s
+``mask``), so no real token sees it, it sits last in every patch order, and mean pooling skips
+it. It is for kernels that take whole tiles: the Mosaic GPU ``lion_dense`` reads 8-row tiles,
+so ViT's 197 tokens would otherwise be copied to 200 rows and back in every layer.
+
 Any resolution: the image side must be a multiple of the patch. Without positional embedding
 (LION-S) nothing depends on the grid; a learned embedding (``pos_emb="learned"``, ViT) is
 stored for the ``image_size`` grid and bilinearly resized to other grids.
@@ -84,14 +91,16 @@ def check_orders(orders, mixer_kind: str) -> None:
                          f"several orders); got mixer_kind={mixer_kind!r}")
 
 
-def token_orders(rows: int, cols: int, names,
-                 num_prefix: int = 1) -> tuple[np.ndarray, ...] | None:
-    """Orders of ``num_prefix`` leading tokens (ViT's CLS token: 1; they stay first) and the
-    ``rows x cols`` patch tokens after them, one per name; None for raster alone (nothing to
-    reorder)."""
+def token_orders(rows: int, cols: int, names, num_prefix: int = 1,
+                 num_padded: int = 0) -> tuple[np.ndarray, ...] | None:
+    """Orders of ``num_prefix`` leading tokens (ViT's CLS token: 1; they stay first), the
+    ``rows x cols`` patch tokens after them and ``num_padded`` padding tokens last, one per
+    name; None for raster alone (nothing to reorder)."""
     if tuple(names) == ("raster",):
         return None
-    return tuple(np.concatenate([np.arange(num_prefix), num_prefix + patch_order(rows, cols, name)])
+    patches = num_prefix + rows * cols
+    return tuple(np.concatenate([np.arange(num_prefix), num_prefix + patch_order(rows, cols, name),
+                                 np.arange(patches, patches + num_padded)])
                  for name in names)
 
 
@@ -121,6 +130,8 @@ class VisionTransformer(nn.Module):
       drop_path: stochastic depth, rising linearly from 0 at the first block to this at the
         last (DeiT).
       norm: ``"layernorm"`` or ``"rmsnorm"``.
+      token_multiple: pad the tokens with masked ones to a multiple of this (LION mixers;
+        module docstring); 1: no padding.
       dtype, param_dtype: compute and parameter dtypes.
     """
 
@@ -141,6 +152,7 @@ class VisionTransformer(nn.Module):
     dropout: float = 0.0
     drop_path: float = 0.0
     norm: str = "layernorm"
+    token_multiple: int = 1
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -160,6 +172,12 @@ class VisionTransformer(nn.Module):
         if not 0.0 <= self.drop_path < 1.0:
             raise ValueError(f"drop_path must be in [0, 1); got {self.drop_path}")
         check_norm(self.norm)
+        if not isinstance(self.token_multiple, int) or self.token_multiple < 1:
+            raise ValueError(f"token_multiple must be an int >= 1; got {self.token_multiple!r}")
+        if self.token_multiple > 1 and self.mixer_kind != "lion":
+            raise ValueError(f"token_multiple={self.token_multiple} pads the tokens for LION "
+                             f"mixers (they zero a padded token's key, value and decay); got "
+                             f"mixer_kind={self.mixer_kind!r}: use token_multiple=1")
         self._mixer_kwargs()  # fails now on a bad key or value
         super().__post_init__()
 
@@ -206,9 +224,15 @@ class VisionTransformer(nn.Module):
         cls = self.param("cls", nn.with_logical_partitioning(
             nn.initializers.normal(0.02), (None, None, "embed")), (1, 1, D), self.param_dtype)
         x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (B, 1, D)), x], axis=1)
+        L = x.shape[1]
+        num_padded = -L % self.token_multiple
+        mask = None
+        if num_padded:
+            x = jnp.pad(x, ((0, 0), (0, num_padded), (0, 0)))
+            mask = jnp.broadcast_to(jnp.arange(L + num_padded) < L, (B, L + num_padded))
 
         deterministic = not train
-        orders = token_orders(rows, cols, self.orders)
+        orders = token_orders(rows, cols, self.orders, num_padded=num_padded)
         mixer = self._mixer_kwargs()
         if self.mixer_kind == "lightnet" and mixer.get("lrpe"):
             mixer.update(grid_shape=(rows, cols), num_prefix=1)
@@ -218,9 +242,9 @@ class VisionTransformer(nn.Module):
             x = ResidualBlock(mixer, self.mlp_dim, mixer_kind=self.mixer_kind,
                               channel_mixer=self.channel_mixer, dropout=self.dropout,
                               drop_path=rate, norm=self.norm, **dtypes, name=f"block_{i}")(
-                x, deterministic=deterministic, orders=orders)
+                x, mask, deterministic=deterministic, orders=orders)
         x = make_norm(self.norm, **dtypes, name="final_norm")(x).astype(jnp.float32)
-        pooled = x[:, 0] if self.pooling == "cls" else jnp.mean(x[:, 1:], axis=1)
+        pooled = x[:, 0] if self.pooling == "cls" else jnp.mean(x[:, 1:L], axis=1)
         return nn.Dense(
             self.num_classes, dtype=jnp.float32, param_dtype=self.param_dtype, name="head",
             kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
