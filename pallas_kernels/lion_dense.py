@@ -107,7 +107,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.bidirectional import two_parts as _two_parts
 from pallas_kernels.chunk_scan import _next_pow2
-from pallas_kernels.mosaic_dense import backward_supported as mosaic_backward_reason
 from pallas_kernels.mosaic_dense import dense_backward_mosaic, dense_forward_mosaic
 from pallas_kernels.mosaic_dense import supported as mosaic_forward_reason
 
@@ -505,8 +504,7 @@ class _Config:
     f32: bool  # float32 inputs: exact float32 matmuls
     split: bool  # normalised 16-bit inputs with two_parts: see the module docstring
     interpret: bool
-    mosaic: bool  # the forward on Mosaic GPU (mosaic_dense.py)
-    mosaic_backward: bool  # the backward too
+    mosaic: bool  # the forward and backward on Mosaic GPU (mosaic_dense.py)
     forward_warps: int
     backward_warps: int
     num_stages: int
@@ -576,9 +574,10 @@ def _forward(q, k, v, a, cfg, differentiated):
 def _backward(q, k, v, a, y, den, y_low, dy, cfg):
     """``(dq, dk, dv, dA)``: dq, dk, dv in the inputs' dtype; dA a list of float32
     ``[B, L, H]``, one per order (empty without decay)."""
-    if cfg.mosaic_backward:
+    if cfg.mosaic:
         return dense_backward_mosaic(
-            q, k, v, a, y, den, y_low, dy, normalize=cfg.normalize, eps=cfg.eps, split=cfg.split,
+            q, k, v, a, y, den, y_low, dy, positions=cfg.positions, normalize=cfg.normalize,
+            eps=cfg.eps, split=cfg.split,
             interpret=plgpu.InterpretGPUParams() if cfg.interpret else None)
     qk, vs, row = cfg.specs()
     decay, normalize = cfg.decay, cfg.normalize
@@ -686,9 +685,9 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
         of the two backward kernels, and of all three (None: ``NUM_WARPS``, ``NUM_WARPS``,
         ``NUM_STAGES``); ``python -m experiments.profile_kernels --dense`` times them.
       backend: the kernels: None or ``"triton"`` (Triton), or ``"mosaic"``: the Mosaic GPU
-        kernels of ``mosaic_dense.py`` for Hopper (16-bit, head dims 64 or 128; the backward
-        in the token order, else Triton's; a ValueError with the reason
-        for inputs the forward cannot take; with ``interpret``, the Mosaic GPU interpreter).
+        kernels of ``mosaic_dense.py`` for Hopper, forward and backward (16-bit, head dims
+        64 or 128; a ValueError with the reason for inputs they cannot take; with
+        ``interpret``, the Mosaic GPU interpreter).
         They pass their tests in the interpreter and on an H200, but at L = 197 their
         padding copies cost what their kernels save, so None does not pick them
         (docs/kernels.md, "lion_dense on Mosaic GPU").
@@ -727,8 +726,6 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
     cfg = _Config(B, L, H, (K, v.shape[-1]), _block(L, block), len(a),
                   (len(positions) or 1) if a else 1, positions if a else (), bool(normalize),
                   float(eps), f32, bool(two_parts and normalize and not f32), bool(interpret),
-                  mosaic, mosaic and mosaic_backward_reason(q, k, v, max(len(a), 1),
-                                                            positions) is None,
-                  num_warps or NUM_WARPS, backward_warps or NUM_WARPS,
+                  mosaic, num_warps or NUM_WARPS, backward_warps or NUM_WARPS,
                   num_stages or NUM_STAGES)
     return _dense(q, k, v, a, cfg)

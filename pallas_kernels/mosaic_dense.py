@@ -11,12 +11,14 @@ over the token orders p whose cumulative log-decays ``A^p`` (read back in token 
 given (``lion_dense``'s ``orders``; one order: the token order's A, or one permutation's);
 float32 accumulation, P rounded to the input dtype for ``P V`` (in two 16-bit parts with
 ``split``, and then y's low part written too, as the Triton kernel does under
-differentiation). Backward (the token order; ``lion_dense``'s module docstring has the
-formulas): :func:`_dq_kernel` per query block takes delta from dy and y (+ its low part),
-writes dq (dS in two 16-bit parts with ``split``), dden and dA's row part; :func:`_dkv_kernel`
-per key block writes dk, dv and dA's column part, on transposed tiles (keys on the rows).
-Unlike the Triton kernels these take the full mask on every tile and dA's sums from float32
-``G = dS * S`` tiles, so dk needs no two-part products.
+differentiation). Backward (``lion_dense``'s module docstring has the formulas, one dA^p per
+order): :func:`_dq_kernel` per query block takes delta from dy and y (+ its low part), writes
+dq (dS in two 16-bit parts with ``split``), dden and each order's dA row part;
+:func:`_dkv_kernel` per key block writes dk, dv and each order's dA column part, on transposed
+tiles (keys on the rows). Unlike the Triton kernels these take the full mask on every tile and
+dA's sums from float32 ``G^p = dP * S * M_p / n`` tiles, so dk needs no two-part products; the
+signs of those sums come from the token indices in the token order, else from each order's
+positions (``lion_dense``'s table, as ``[n, Lp]`` float32 rows).
 
 Layout: one program (one warpgroup) per (b, h, 64-row block). The forward issues the TMA
 copies of its query block and of all ``ceil(L / 64)`` key and value blocks at once (at most
@@ -150,10 +152,7 @@ def _kernel(q_ref, k_ref, v_ref, a_ref, *out_refs, length, normalize, eps, split
         for j in range(nb):
             p = s
             if orders:
-                masks = [jnp.exp2(jnp.abs(a_i[o] - cols_of(plgpu.load(akv_s.at[o, j], layout=COLS),
-                                                           p.shape)) * -LOG2_E)
-                         for o in range(orders)]
-                p = p * (masks[0] if orders == 1 else sum(masks) * (1.0 / orders))
+                p = p * _masks(a_i, [akv_s.at[o, j] for o in range(orders)], p.shape)[1]
             p_hi = p.astype(dtype)
             parts = [p_hi] + ([(p - p_hi.astype(f32)).astype(dtype)] if split else [])
             for n, part in enumerate(parts):
@@ -244,20 +243,13 @@ def dense_forward_mosaic(q, k, v, a, *, normalize, eps, split, interpret=None):
 
 
 # ------------------------------------------------------------------------------------------
-# Backward: ``lion_dense``'s dq and dk/dv launches for one order in the token order.
-
-
-def backward_supported(q, k, v, orders, positions):
-    """None when :func:`dense_backward_mosaic` takes these inputs, else why (one line)."""
-    if orders > 1 or positions:
-        return "the Mosaic dense backward takes the token order only"
-    return supported(q, k, v)
+# Backward: ``lion_dense``'s dq and dk/dv launches, any number of orders.
 
 
 def _signs(row_start, col_start, shape):
     """``sign(t_i - t_j)`` ``[R, C]`` float32 (WGMMA layout) for the tokens of a row block
     starting at ``row_start`` and a column block at ``col_start``: the sign of
-    ``d(-|A_i - A_j|) / dA_i`` (``lion_dense``'s module docstring)."""
+    ``d(-|A_i - A_j|) / dA_i`` in the token order (``lion_dense``'s module docstring)."""
     rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + row_start
     cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + col_start
     return jnp.sign((rows - cols).astype(jnp.float32))
@@ -270,36 +262,56 @@ def _mask(a_rows, a_cols_s, shape):
     return jnp.exp2(jnp.abs(a_rows - a_j) * -LOG2_E)
 
 
+def _masks(a_rows, a_cols_s, shape):
+    """``(masks, mean)``: each order's mask (:func:`_mask`; ``a_rows`` a list of tiles,
+    ``a_cols_s`` of shared-memory rows, one per order) and their mean, the mask of P."""
+    masks = [_mask(a, a_s, shape) for a, a_s in zip(a_rows, a_cols_s)]
+    return masks, masks[0] if len(masks) == 1 else sum(masks) * (1.0 / len(masks))
+
+
+def _order_signs(row_start, col_start, pos_rows, pos_cols_s, shape):
+    """Each order's ``sign(pos_i - pos_j)`` tile for the sums of dA: from the token indices
+    (:func:`_signs`, one tile for all) when ``pos_rows`` is None (the token order), else from
+    each order's positions: ``pos_rows`` its row tiles, ``pos_cols_s`` its column rows in
+    shared memory."""
+    if pos_rows is None:
+        return None, _signs(row_start, col_start, shape)
+    return [jnp.sign(p - cols_of(plgpu.load(p_s, layout=COLS), shape))
+            for p, p_s in zip(pos_rows, pos_cols_s)], None
+
+
 def _two_parts(x, dtype):
     """``x`` float32 as ``[hi, lo]`` in ``dtype`` (``hi + lo`` to ~16 bits)."""
     hi = x.astype(dtype)
     return [hi, (x - hi.astype(jnp.float32)).astype(dtype)]
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, y_ref, lo_ref, den_ref, a_ref, dq_ref, *out_refs,
-               length, normalize, eps, split):
+def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, y_ref, lo_ref, den_ref, a_ref, pos_ref, dq_ref,
+               *out_refs, length, normalize, eps, split):
     """One (b, h, query block i): dq, and (normalize) ``dden = -delta / (den + eps)``, (decay)
-    the row part of dA. q, k ``[B, L, H, K]``; v, dy, y, y's low part ``[B, L, H, V]``; den,
-    a, dden, dA ``[B, H, Lp]`` float32 (:func:`_rows`); y, lo, den None when not normalised
-    (lo: not split),
-    a None without decay."""
+    the row part of each order's dA. q, k ``[B, L, H, K]``; v, dy, y, y's low part ``[B, L,
+    H, V]``; den, dden ``[B, H, Lp]`` float32 (:func:`_rows`); a, dA ``[n, B, H, Lp]``, one A
+    per order; pos ``[n, Lp]`` float32, each token's position in each order, None for the
+    token order; y, lo, den None when not normalised (lo: not split), a None without decay."""
     out_refs = list(out_refs)
     dden_ref = out_refs.pop(0) if normalize else None
     da_ref = out_refs.pop(0) if a_ref is not None else None
     b, hd, i = (lax.axis_index(x) for x in "bhi")
     kp, vp = q_ref.shape[-1], v_ref.shape[-1]
     dtype, f32 = q_ref.dtype, jnp.float32
+    n = 0 if a_ref is None else a_ref.shape[0]
+    tables = n if pos_ref is not None else 0
     rows = pl.ds(i * BLOCK, BLOCK)
     tile = (BLOCK, BLOCK)
 
-    def body(q_s, dy_s, y_s, lo_s, ds_s, row_s, bar):
-        ins = [(q_ref, q_s), (dy_ref, dy_s)]
+    def body(q_s, dy_s, y_s, lo_s, ds_s, den_s, a_s, pos_s, bar):
+        ins = [(q_ref.at[b, rows, hd, :], q_s), (dy_ref.at[b, rows, hd, :], dy_s)]
         if normalize:
-            ins += [(y_ref, y_s), (den_ref, row_s.at[0])] + [(lo_ref, lo_s)] * split
-        if da_ref is not None:
-            ins.append((a_ref, row_s.at[1]))
-        for ref, dst in ins:
-            src = ref.at[b, hd, rows] if ref.ndim == 3 else ref.at[b, rows, hd, :]
+            ins += [(y_ref.at[b, rows, hd, :], y_s), (den_ref.at[b, hd, rows], den_s)]
+            ins += [(lo_ref.at[b, rows, hd, :], lo_s)] * split
+        ins += [(a_ref.at[o, b, hd, rows], a_s.at[o]) for o in range(n)]
+        ins += [(pos_ref.at[o, rows], pos_s.at[o]) for o in range(tables)]
+        for src, dst in ins:
             plgpu.copy_gmem_to_smem(src, dst, bar)
         plgpu.barrier_wait(bar)
         r = dden = None
@@ -308,13 +320,14 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, y_ref, lo_ref, den_ref, a_ref, dq_re
             if split:
                 y = y + plgpu.load(lo_s, layout=plgpu.Layout.WGMMA).astype(f32)
             delta = jnp.sum(plgpu.load(dy_s, layout=plgpu.Layout.WGMMA).astype(f32) * y, axis=1)
-            r = 1.0 / (plgpu.load(row_s.at[0], layout=ROWS) + eps)
+            r = 1.0 / (plgpu.load(den_s, layout=ROWS) + eps)
             dden = -r * delta
-        a_i = (rows_of(plgpu.load(row_s.at[1], layout=ROWS), tile)
-               if da_ref is not None else None)
+        a_i = [rows_of(plgpu.load(a_s.at[o], layout=ROWS), tile) for o in range(n)]
+        pos_i = ([rows_of(plgpu.load(pos_s.at[o], layout=ROWS), tile) for o in range(n)]
+                 if tables else None)
 
         def step(idx, k_s, v_s, *rest):
-            *a_s, (dq, da) = rest
+            *cols_s, (dq, da) = rest
 
             def products(acc_s, acc_dp):
                 plgpu.wgmma(acc_s, q_s, k_s.transpose((1, 0)))
@@ -325,18 +338,21 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, y_ref, lo_ref, den_ref, a_ref, dq_re
             if normalize:
                 dp = dp * rows_of(r, tile) + rows_of(dden, tile)
             ds = dp
-            if a_s:
-                ds = dp * _mask(a_i, a_s[0], tile)
-                signs = _signs(i * BLOCK, idx[0] * BLOCK, tile)
-                da = da + jnp.sum(signs * ds * s, axis=1)
+            if n:
+                masks, mean = _masks(a_i, cols_s[:n], tile)
+                ds = dp * mean
+                each, one = _order_signs(i * BLOCK, idx[0] * BLOCK, pos_i, cols_s[n:], tile)
+                g = dp * s
+                da = tuple(d + jnp.sum((one if each is None else each[o]) * g * masks[o],
+                                       axis=1) for o, d in enumerate(da))
             parts = _two_parts(ds, dtype) if split else [ds.astype(dtype)]
-            for n, part in enumerate(parts):
-                ds_s.at[n][...] = part
+            for m, part in enumerate(parts):
+                ds_s.at[m][...] = part
             plgpu.commit_smem()
 
             def gradient(acc):
-                for n in range(len(parts)):
-                    plgpu.wgmma(acc, ds_s.at[n], k_s)
+                for m in range(len(parts)):
+                    plgpu.wgmma(acc, ds_s.at[m], k_s)
                 return acc[...]
 
             return dq + pl.run_scoped(gradient, plgpu.ACC((BLOCK, kp), f32)), da
@@ -344,62 +360,66 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, y_ref, lo_ref, den_ref, a_ref, dq_re
         specs = [plgpu.BlockSpec((BLOCK, kp), lambda j: (j, 0), transforms=_TILE16),
                  plgpu.BlockSpec((BLOCK, vp), lambda j: (j, 0), transforms=_TILE16)]
         refs = [k_ref.at[b, :, hd, :], v_ref.at[b, :, hd, :]]
-        if da_ref is not None:
-            specs.append(plgpu.BlockSpec((BLOCK,), lambda j: (j,)))
-            refs.append(a_ref.at[b, hd])
+        specs += [plgpu.BlockSpec((BLOCK,), lambda j: (j,))] * (n + tables)
+        refs += [a_ref.at[o, b, hd] for o in range(n)] + [pos_ref.at[o] for o in range(tables)]
         zeros = (plgpu.layout_cast(jnp.zeros((BLOCK, kp), f32), plgpu.Layout.WGMMA),
-                 plgpu.layout_cast(jnp.zeros((BLOCK,), f32), ROWS))
+                 tuple(plgpu.layout_cast(jnp.zeros((BLOCK,), f32), ROWS) for _ in range(n)))
         dq, da = plgpu.emit_pipeline(step, grid=(-(-length // BLOCK),), in_specs=specs,
                                      max_concurrent_steps=2, init_carry=zeros)(*refs)
-        q_s[...] = dq.astype(dtype)  # q's tile is free: the out buffer of dq
+        q_s[...] = dq.astype(dtype)  # the loaded tiles are free: the out buffers
         outs = [(q_s, dq_ref.at[b, rows, hd, :])]
         if normalize:
-            row_s.at[0][...] = dden
-            outs.append((row_s.at[0], dden_ref.at[b, hd, rows]))
-        if da_ref is not None:
-            row_s.at[1][...] = da
-            outs.append((row_s.at[1], da_ref.at[b, hd, rows]))
+            den_s[...] = dden
+            outs.append((den_s, dden_ref.at[b, hd, rows]))
+        for o in range(n):
+            a_s.at[o][...] = da[o] * (1.0 / n)
+            outs.append((a_s.at[o], da_ref.at[o, b, hd, rows]))
         plgpu.commit_smem()
         for src, dst in outs:
             plgpu.copy_smem_to_gmem(src, dst)
         plgpu.wait_smem_to_gmem(0)
 
-    n_in = 2 + (2 + split) * normalize + (da_ref is not None)
     pl.run_scoped(
         body,
         plgpu.SMEM((BLOCK, kp), dtype, transforms=_TILE16),
         *[plgpu.SMEM((BLOCK, vp), dtype, transforms=_TILE16)] * 3,
         plgpu.SMEM((1 + split, BLOCK, BLOCK), dtype, transforms=_TILE16),
-        plgpu.SMEM((2, BLOCK), f32),
-        plgpu.Barrier(num_arrivals=n_in),
+        plgpu.SMEM((BLOCK,), f32),
+        plgpu.SMEM((max(n, 1), BLOCK), f32),
+        plgpu.SMEM((max(tables, 1), BLOCK), f32),
+        plgpu.Barrier(num_arrivals=2 + (2 + split) * normalize + n + tables),
     )
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, den_ref, dden_ref, a_ref, dk_ref, dv_ref,
+def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, den_ref, dden_ref, a_ref, pos_ref, dk_ref, dv_ref,
                 *out_refs, length, normalize, eps):
-    """One (b, h, key block j): dk, dv and (decay) the column part of dA, walking the query
-    blocks. Tiles are transposed (keys on the rows): ``S^T = K Q^T``, ``dP^T = V dY^T``,
-    ``dv = (P r)^T dY``, ``dk = dS^T Q``. Refs as :func:`_dq_kernel`; den, dden None when not
-    normalised."""
+    """One (b, h, key block j): dk, dv and (decay) the column part of each order's dA,
+    walking the query blocks. Tiles are transposed (keys on the rows): ``S^T = K Q^T``,
+    ``dP^T = V dY^T``, ``dv = (P r)^T dY``, ``dk = dS^T Q``. Refs as :func:`_dq_kernel`; den,
+    dden None when not normalised."""
     da_ref = out_refs[0] if out_refs else None
     b, hd, j = (lax.axis_index(x) for x in "bhj")
     kp, vp = k_ref.shape[-1], v_ref.shape[-1]
     dtype, f32 = k_ref.dtype, jnp.float32
+    n = 0 if a_ref is None else a_ref.shape[0]
+    tables = n if pos_ref is not None else 0
     keys = pl.ds(j * BLOCK, BLOCK)
     tile = (BLOCK, BLOCK)
 
-    def body(k_s, v_s, p_s, ds_s, a_s, bar):
+    def body(k_s, v_s, p_s, ds_s, a_s, pos_s, bar):
         ins = [(k_ref.at[b, keys, hd, :], k_s), (v_ref.at[b, keys, hd, :], v_s)]
-        if da_ref is not None:
-            ins.append((a_ref.at[b, hd, keys], a_s))
+        ins += [(a_ref.at[o, b, hd, keys], a_s.at[o]) for o in range(n)]
+        ins += [(pos_ref.at[o, keys], pos_s.at[o]) for o in range(tables)]
         for src, dst in ins:
             plgpu.copy_gmem_to_smem(src, dst, bar)
         plgpu.barrier_wait(bar)
-        a_k = rows_of(plgpu.load(a_s, layout=ROWS), tile) if da_ref is not None else None
+        a_k = [rows_of(plgpu.load(a_s.at[o], layout=ROWS), tile) for o in range(n)]
+        pos_k = ([rows_of(plgpu.load(pos_s.at[o], layout=ROWS), tile) for o in range(n)]
+                 if tables else None)
 
         def step(idx, q_s, dy_s, *rest):
-            *rows_s, (dk, dv, da) = rest
-            rows_s = list(rows_s)
+            *cols_s, (dk, dv, da) = rest
+            cols_s = list(cols_s)
 
             def products(acc_s, acc_dp):
                 plgpu.wgmma(acc_s, k_s, q_s.transpose((1, 0)))
@@ -408,14 +428,16 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, den_ref, dden_ref, a_ref, dk_ref, d
 
             st, dpt = pl.run_scoped(products, plgpu.ACC(tile, f32), plgpu.ACC(tile, f32))
             if normalize:
-                r = cols_of(1.0 / (plgpu.load(rows_s.pop(0), layout=COLS) + eps), tile)
-                dpt = dpt * r + cols_of(plgpu.load(rows_s.pop(0), layout=COLS), tile)
+                r = cols_of(1.0 / (plgpu.load(cols_s.pop(0), layout=COLS) + eps), tile)
+                dpt = dpt * r + cols_of(plgpu.load(cols_s.pop(0), layout=COLS), tile)
             pt, dst = st, dpt
-            if rows_s:
-                m = _mask(a_k, rows_s[0], tile)
-                pt, dst = st * m, dpt * m
-                signs = _signs(j * BLOCK, idx[0] * BLOCK, tile)
-                da = da + jnp.sum(signs * dst * st, axis=1)
+            if n:
+                masks, mean = _masks(a_k, cols_s[:n], tile)
+                pt, dst = st * mean, dpt * mean
+                each, one = _order_signs(j * BLOCK, idx[0] * BLOCK, pos_k, cols_s[n:], tile)
+                g = dpt * st
+                da = tuple(d + jnp.sum((one if each is None else each[o]) * g * masks[o],
+                                       axis=1) for o, d in enumerate(da))
             p_s[...] = (pt * r if normalize else pt).astype(dtype)
             ds_s[...] = dst.astype(dtype)
             plgpu.commit_smem()
@@ -432,21 +454,21 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, den_ref, dden_ref, a_ref, dk_ref, d
         specs = [plgpu.BlockSpec((BLOCK, kp), lambda i: (i, 0), transforms=_TILE16),
                  plgpu.BlockSpec((BLOCK, vp), lambda i: (i, 0), transforms=_TILE16)]
         refs = [q_ref.at[b, :, hd, :], dy_ref.at[b, :, hd, :]]
-        row_refs = ([den_ref, dden_ref] if normalize else []) + (
-            [a_ref] if da_ref is not None else [])
+        row_refs = ([den_ref.at[b, hd], dden_ref.at[b, hd]] if normalize else []) + [
+            a_ref.at[o, b, hd] for o in range(n)] + [pos_ref.at[o] for o in range(tables)]
         specs += [plgpu.BlockSpec((BLOCK,), lambda i: (i,))] * len(row_refs)
-        refs += [ref.at[b, hd] for ref in row_refs]
         zeros = (plgpu.layout_cast(jnp.zeros((BLOCK, kp), f32), plgpu.Layout.WGMMA),
                  plgpu.layout_cast(jnp.zeros((BLOCK, vp), f32), plgpu.Layout.WGMMA),
-                 plgpu.layout_cast(jnp.zeros((BLOCK,), f32), ROWS))
+                 tuple(plgpu.layout_cast(jnp.zeros((BLOCK,), f32), ROWS) for _ in range(n)))
         dk, dv, da = plgpu.emit_pipeline(step, grid=(-(-length // BLOCK),), in_specs=specs,
-                                         max_concurrent_steps=2, init_carry=zeros)(*refs)
+                                         max_concurrent_steps=2, init_carry=zeros)(
+            *refs, *row_refs)
         k_s[...] = dk.astype(dtype)  # the key and value tiles are free: the out buffers
         v_s[...] = dv.astype(dtype)
         outs = [(k_s, dk_ref.at[b, keys, hd, :]), (v_s, dv_ref.at[b, keys, hd, :])]
-        if da_ref is not None:
-            a_s[...] = da
-            outs.append((a_s, da_ref.at[b, hd, keys]))
+        for o in range(n):
+            a_s.at[o][...] = da[o] * (1.0 / n)
+            outs.append((a_s.at[o], da_ref.at[o, b, hd, keys]))
         plgpu.commit_smem()
         for src, dst in outs:
             plgpu.copy_smem_to_gmem(src, dst)
@@ -457,45 +479,59 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, den_ref, dden_ref, a_ref, dk_ref, d
         plgpu.SMEM((BLOCK, kp), dtype, transforms=_TILE16),
         plgpu.SMEM((BLOCK, vp), dtype, transforms=_TILE16),
         *[plgpu.SMEM(tile, dtype, transforms=_TILE16)] * 2,
-        plgpu.SMEM((BLOCK,), f32),
-        plgpu.Barrier(num_arrivals=2 + (da_ref is not None)),
+        plgpu.SMEM((max(n, 1), BLOCK), f32),
+        plgpu.SMEM((max(tables, 1), BLOCK), f32),
+        plgpu.Barrier(num_arrivals=2 + n + tables),
     )
 
 
-def dense_backward_mosaic(q, k, v, a, y, den, y_low, dy, *, normalize, eps, split,
+def _positions(positions, L):
+    """Each order's positions (``lion_dense``'s table, a tuple per order) as ``[n, Lp]``
+    float32 (tokens past L: their own index, which meets only zero tiles); None for ()."""
+    if not positions:
+        return None
+    table = np.tile(np.arange(_padded(L), dtype=np.float32), (len(positions), 1))
+    table[:, :L] = np.asarray(positions, np.float32)
+    return jnp.asarray(table)
+
+
+def dense_backward_mosaic(q, k, v, a, y, den, y_low, dy, *, positions, normalize, eps, split,
                           interpret=None):
-    """``lion_dense``'s backward on Mosaic GPU for the token order (one A or none).
+    """``lion_dense``'s backward on Mosaic GPU.
 
     Args:
       q, k, v, dy: as the forward's inputs and y's cotangent (v's dtype).
-      a: ``()`` or ``(A,)``, A ``[B, L, H]`` float32; y, den, y_low: the forward's residuals
-        (normalize; y_low with split, else None).
+      a: ``()`` or one A ``[B, L, H]`` float32 per order, in token order; positions: ``()``
+        (the token order) or per order each token's position in it (``lion_dense``'s table);
+        y, den, y_low: the forward's residuals (normalize; y_low with split, else None).
       normalize, eps, split: as the forward (split: dS in two 16-bit parts in the dq launch).
     Returns:
-      ``(dq, dk, dv, [dA])``: dq, dk, dv in the inputs' dtype; dA ``[B, L, H]`` float32 (an
-      empty list without decay).
+      ``(dq, dk, dv, dA)``: dq, dk, dv in the inputs' dtype; dA a list of float32
+      ``[B, L, H]``, one per order (empty without decay).
     """
-    if (reason := backward_supported(q, k, v, max(len(a), 1), ())) is not None:
+    if (reason := supported(q, k, v, max(len(a), 1))) is not None:
         raise ValueError(reason)
     B, L, H, _ = q.shape
     nb = -(-L // BLOCK)
     q, k, v, dy, y, y_low = _whole_tiles(q, k, v, dy, y, y_low)
-    a_t = _rows(a[0]) if a else None
+    a_t = jnp.stack([_rows(x) for x in a]) if a else None
+    pos_t = _positions(positions, L) if a else None
     den_t = _rows(den) if normalize else None
     vec = jax.ShapeDtypeStruct((B, H, _padded(L)), jnp.float32)
+    das = jax.ShapeDtypeStruct((len(a), B, H, _padded(L)), jnp.float32)
     params = dict(compiler_params=plgpu.CompilerParams(approx_math=True), interpret=interpret)
-    dq_out = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + [vec] * (normalize + bool(a))
+    dq_out = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + [vec] * normalize + [das] * bool(a)
     res = list(plgpu.kernel(
         functools.partial(_dq_kernel, length=L, normalize=normalize, eps=eps, split=split),
         out_type=tuple(dq_out), grid=(B, H, nb), grid_names=tuple("bhi"),
         kernel_name="lion_dense_dq_mosaic", **params)(
-            q, k, v, dy, y if normalize else None, y_low if split else None, den_t, a_t))
+            q, k, v, dy, y if normalize else None, y_low if split else None, den_t, a_t, pos_t))
     dq = res.pop(0)
     dden = res.pop(0) if normalize else None
     dkv_out = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     dk, dv, *da_cols = plgpu.kernel(
         functools.partial(_dkv_kernel, length=L, normalize=normalize, eps=eps),
-        out_type=tuple(dkv_out + [vec] * bool(a)), grid=(B, H, nb), grid_names=tuple("bhj"),
-        kernel_name="lion_dense_dkv_mosaic", **params)(q, k, v, dy, den_t, dden, a_t)
+        out_type=tuple(dkv_out + [das] * bool(a)), grid=(B, H, nb), grid_names=tuple("bhj"),
+        kernel_name="lion_dense_dkv_mosaic", **params)(q, k, v, dy, den_t, dden, a_t, pos_t)
     dq, dk, dv = (x[:, :L] for x in (dq, dk, dv))
-    return dq, dk, dv, [_tokens(res[0] + da_cols[0], L)] if a else []
+    return dq, dk, dv, [_tokens(d, L) for d in res[0] + da_cols[0]] if a else []

@@ -342,10 +342,9 @@ MOSAIC_CASES = [  # L, K, V, decay, normalize, orders
 
 @pytest.mark.parametrize("L,K,V,decay,normalize,kind", MOSAIC_CASES)
 def test_mosaic_forward(rng, L, K, V, decay, normalize, kind):
-    """backend="mosaic" (the Mosaic GPU kernels, in their interpreter on CPU; with token orders
-    the backward is Triton's), bf16: the output, differentiated (P in two parts, y's low part
-    out) and not, and the four gradients against the float64 formula, within bf16's
-    tolerance."""
+    """backend="mosaic" (the Mosaic GPU kernels, forward and backward, in their interpreter
+    on CPU), bf16: the output, differentiated (P in two parts, y's low part out) and not, and
+    the four gradients against the float64 formula, within bf16's tolerance."""
     orders = None if kind is None else make_orders(rng, L, kind)
     args, dy = make_inputs(rng, 1, L, 2, K, V, jnp.bfloat16, decay)
     fn = kernel_fn(args[3], normalize=normalize, orders=orders, backend="mosaic")
@@ -376,7 +375,11 @@ def test_mosaic_backend_choice():
     assert "wgmma" in fwd and "pallas_call" not in fwd
     grads = str(jax.make_jaxpr(jax.grad(lambda *a: jnp.sum(pallas_kernels.lion_dense(
         *a, backend="mosaic").astype(jnp.float32)), (0, 1, 2, 3)))(x, x, x, g))
-    assert "pallas_call" not in grads  # the backward on Mosaic GPU too (token order)
+    assert "pallas_call" not in grads  # the backward on Mosaic GPU too
+    orders = [np.arange(40), np.arange(40)[::-1]]
+    grads = str(jax.make_jaxpr(jax.grad(lambda *a: jnp.sum(pallas_kernels.lion_dense(
+        *a, orders=orders, backend="mosaic").astype(jnp.float32)), (0, 1, 2, 3)))(x, x, x, g))
+    assert "pallas_call" not in grads and "lion_dense_dkv_mosaic" in grads  # orders too
     with pytest.raises(ValueError, match=r"backend='mosaic': .*bf16 or fp16 inputs"):
         pallas_kernels.lion_dense(*(x.astype(jnp.float32),) * 3, g, backend="mosaic")
     with pytest.raises(ValueError, match=r"backend='mosaic': .*head dims 64 or 128"):
