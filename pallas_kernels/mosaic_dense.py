@@ -269,15 +269,34 @@ def _masks(a_rows, a_cols_s, shape):
     return masks, masks[0] if len(masks) == 1 else sum(masks) * (1.0 / len(masks))
 
 
-def _order_signs(row_start, col_start, pos_rows, pos_cols_s, shape):
-    """Each order's ``sign(pos_i - pos_j)`` tile for the sums of dA: from the token indices
-    (:func:`_signs`, one tile for all) when ``pos_rows`` is None (the token order), else from
-    each order's positions: ``pos_rows`` its row tiles, ``pos_cols_s`` its column rows in
-    shared memory."""
+def _decay_terms(a_rows, a_cols_s, pos_rows, pos_cols_s, row_start, col_start, dp, s, da):
+    """One tile's decay work in the backward: ``(mean mask, da)`` with each order's dA sums
+    ``da`` (a tuple) plus ``rowsum(sign_p * dP * S * M_p)``. ``a_rows``, ``pos_rows``: each
+    order's A and positions on the tile's rows (tiles); ``a_cols_s``, ``pos_cols_s``: on its
+    columns (shared-memory rows); ``pos_rows`` None: the token order, whose signs come from
+    the token indices (:func:`_signs`) at ``row_start`` and ``col_start``."""
+    masks, mean = _masks(a_rows, a_cols_s, dp.shape)
     if pos_rows is None:
-        return None, _signs(row_start, col_start, shape)
-    return [jnp.sign(p - cols_of(plgpu.load(p_s, layout=COLS), shape))
-            for p, p_s in zip(pos_rows, pos_cols_s)], None
+        signs = [_signs(row_start, col_start, dp.shape)] * len(masks)
+    else:
+        signs = [jnp.sign(p - cols_of(plgpu.load(p_s, layout=COLS), dp.shape))
+                 for p, p_s in zip(pos_rows, pos_cols_s)]
+    g = dp * s
+    return mean, tuple(d + jnp.sum(sg * g * m, axis=1) for d, sg, m in zip(da, signs, masks))
+
+
+def _write_back(outs, da, da_s, da_dst):
+    """A backward kernel's end: each order's dA sums ``da`` over the orders' count into
+    ``da_s.at[o]`` (free rows of shared memory) for ``da_dst(o)``, then every ``(shared, global)``
+    pair of ``outs`` and those copied out by TMA, waited for."""
+    outs = list(outs)
+    for o, d in enumerate(da):
+        da_s.at[o][...] = d * (1.0 / len(da))
+        outs.append((da_s.at[o], da_dst(o)))
+    plgpu.commit_smem()
+    for src, dst in outs:
+        plgpu.copy_smem_to_gmem(src, dst)
+    plgpu.wait_smem_to_gmem(0)
 
 
 def _two_parts(x, dtype):
@@ -339,12 +358,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, y_ref, lo_ref, den_ref, a_ref, pos_r
                 dp = dp * rows_of(r, tile) + rows_of(dden, tile)
             ds = dp
             if n:
-                masks, mean = _masks(a_i, cols_s[:n], tile)
+                mean, da = _decay_terms(a_i, cols_s[:n], pos_i, cols_s[n:], i * BLOCK,
+                                        idx[0] * BLOCK, dp, s, da)
                 ds = dp * mean
-                each, one = _order_signs(i * BLOCK, idx[0] * BLOCK, pos_i, cols_s[n:], tile)
-                g = dp * s
-                da = tuple(d + jnp.sum((one if each is None else each[o]) * g * masks[o],
-                                       axis=1) for o, d in enumerate(da))
             parts = _two_parts(ds, dtype) if split else [ds.astype(dtype)]
             for m, part in enumerate(parts):
                 ds_s.at[m][...] = part
@@ -371,13 +387,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, dy_ref, y_ref, lo_ref, den_ref, a_ref, pos_r
         if normalize:
             den_s[...] = dden
             outs.append((den_s, dden_ref.at[b, hd, rows]))
-        for o in range(n):
-            a_s.at[o][...] = da[o] * (1.0 / n)
-            outs.append((a_s.at[o], da_ref.at[o, b, hd, rows]))
-        plgpu.commit_smem()
-        for src, dst in outs:
-            plgpu.copy_smem_to_gmem(src, dst)
-        plgpu.wait_smem_to_gmem(0)
+        _write_back(outs, da, a_s, lambda o: da_ref.at[o, b, hd, rows])
 
     pl.run_scoped(
         body,
@@ -432,12 +442,9 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, den_ref, dden_ref, a_ref, pos_ref, 
                 dpt = dpt * r + cols_of(plgpu.load(cols_s.pop(0), layout=COLS), tile)
             pt, dst = st, dpt
             if n:
-                masks, mean = _masks(a_k, cols_s[:n], tile)
+                mean, da = _decay_terms(a_k, cols_s[:n], pos_k, cols_s[n:], j * BLOCK,
+                                        idx[0] * BLOCK, dpt, st, da)
                 pt, dst = st * mean, dpt * mean
-                each, one = _order_signs(j * BLOCK, idx[0] * BLOCK, pos_k, cols_s[n:], tile)
-                g = dpt * st
-                da = tuple(d + jnp.sum((one if each is None else each[o]) * g * masks[o],
-                                       axis=1) for o, d in enumerate(da))
             p_s[...] = (pt * r if normalize else pt).astype(dtype)
             ds_s[...] = dst.astype(dtype)
             plgpu.commit_smem()
@@ -466,13 +473,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, dy_ref, den_ref, dden_ref, a_ref, pos_ref, 
         k_s[...] = dk.astype(dtype)  # the key and value tiles are free: the out buffers
         v_s[...] = dv.astype(dtype)
         outs = [(k_s, dk_ref.at[b, keys, hd, :]), (v_s, dv_ref.at[b, keys, hd, :])]
-        for o in range(n):
-            a_s.at[o][...] = da[o] * (1.0 / n)
-            outs.append((a_s.at[o], da_ref.at[o, b, hd, keys]))
-        plgpu.commit_smem()
-        for src, dst in outs:
-            plgpu.copy_smem_to_gmem(src, dst)
-        plgpu.wait_smem_to_gmem(0)
+        _write_back(outs, da, a_s, lambda o: da_ref.at[o, b, hd, keys])
 
     pl.run_scoped(
         body,
