@@ -10,7 +10,8 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
     against LION-LIT, LION-D, LION-S and LION-S (v2) of the same size with ``impl="auto"``. A
     side that cannot run is a row with the reason. ``--token_multiple N`` pads the LION
     models' tokens with masked ones to a multiple of N (``VisionTransformer.token_multiple``;
-    8: 197 -> 200 tokens, whole 8-row tiles for the Mosaic GPU ``lion_dense``).
+    the default 8, as the vision configs: 197 -> 200 tokens, whole 8-row tiles for the Mosaic
+    GPU ``lion_dense``, which ``impl="auto"`` then takes on Hopper; 1: no padding).
 (b) Inference at each resolution, batch ``--infer_batch``, bf16: images/s and XLA's compiled
     memory (arguments + outputs + temporaries of the whole jitted forward) of ViT with cuDNN
     flash attention (learned positions resized) and with plain XLA softmax, and of LION-S with
@@ -51,8 +52,8 @@ def define_flags():
                       "Inference resolutions (multiples of 16).")
     flags.DEFINE_integer("calls", 10, "Calls timed back to back.")
     flags.DEFINE_bool("skip_train", False, "Only the inference part.")
-    flags.DEFINE_integer("token_multiple", 1, "Pad the LION models' tokens to a multiple of "
-                         "this in the train step (VisionTransformer.token_multiple).")
+    flags.DEFINE_integer("token_multiple", 8, "Pad the LION models' tokens to a multiple of "
+                         "this in the train step (VisionTransformer.token_multiple; 1: none).")
     flags.DEFINE_string("inference_sides", None,
                         "Inference sides to run (default all): names as in the table, "
                         "separated by ';', e.g. 'LION-S, recurrent;ViT, cuDNN flash'; an "

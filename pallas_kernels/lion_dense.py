@@ -91,8 +91,10 @@ launch runs on blocks of ``ORDERS_DKV_BLOCK`` rows (a finer grid over the same a
 its extra mask tiles fit the registers.
 
 ``backend="mosaic"`` runs the same math in the Hopper wgmma kernels of ``mosaic_dense.py``
-instead (opt-in: on one H200 its kernels beat these at ViT-T's layer, but at L = 197 the
-copies that pad the arrays to 200 rows for its TMA tiles eat the gain; docs/kernels.md).
+instead, and ``backend=None`` picks them where they won (:func:`default_backend`): on a Hopper
+GPU, with a decay, at a length that is a multiple of 8. At L = 197 the copies that pad the
+arrays to 200 rows for its TMA tiles eat the gain (docs/kernels.md), so ViTs pad their tokens
+once instead (``VisionTransformer.token_multiple``).
 """
 
 import dataclasses
@@ -109,6 +111,7 @@ from pallas_kernels.bidirectional import two_parts as _two_parts
 from pallas_kernels.chunk_scan import _next_pow2
 from pallas_kernels.mosaic_dense import dense_backward_mosaic, dense_forward_mosaic
 from pallas_kernels.mosaic_dense import supported as mosaic_forward_reason
+from pallas_kernels.two_pass import hopper
 
 LOG2_E = float(np.log2(np.e))  # exp(x) = exp2(x log2(e)): :func:`_decay_masks`
 MAX_LEN = 256
@@ -660,6 +663,23 @@ def _cumulative_in_orders(log_decay, exact, orders):
     return arrays
 
 
+def default_backend(q, k, v, log_decay=None, orders=None, interpret=False):
+    """``lion_dense(backend=None)``'s kernels: ``"mosaic"`` when compiling for a Hopper GPU
+    (not ``interpret``), with a decay, at a length that is a multiple of 8 (no padding copies)
+    and inputs the Mosaic kernels take (``mosaic_dense.supported``); else ``"triton"``.
+
+    Measured on one H200 (2026-12-02, ViT-T's train step at 224 px, batch 256, one process,
+    docs/benchmarks.md "`lion_dense` on Mosaic GPU against Triton"): LION-S 18.57 ms with
+    Mosaic at 200 tokens against 19.11 with Triton at 197; LION-S (v2) 19.90 against 21.12.
+    Without a decay (LION-LIT) the Mosaic kernels were no faster (0.251 against 0.243 ms per
+    layer, 2026-12-01), and at a length not a multiple of 8 their copies cost what they save.
+    """
+    if log_decay is None or interpret or q.shape[1] % 8 or not hopper():
+        return "triton"
+    n = 1 if orders is None else len(orders)
+    return "mosaic" if mosaic_forward_reason(q, k, v, n) is None else "triton"
+
+
 def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None,
                interpret=None, block=None, two_parts=True, num_warps=None,
                backward_warps=None, num_stages=None, backend=None):
@@ -684,13 +704,10 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
       num_warps, backward_warps, num_stages: Triton launch settings of the forward kernel,
         of the two backward kernels, and of all three (None: ``NUM_WARPS``, ``NUM_WARPS``,
         ``NUM_STAGES``); ``python -m experiments.profile_kernels --dense`` times them.
-      backend: the kernels: None or ``"triton"`` (Triton), or ``"mosaic"``: the Mosaic GPU
-        kernels of ``mosaic_dense.py`` for Hopper, forward and backward (16-bit, head dims
-        64 or 128; a ValueError with the reason for inputs they cannot take; with
-        ``interpret``, the Mosaic GPU interpreter).
-        They pass their tests in the interpreter and on an H200, but at L = 197 their
-        padding copies cost what their kernels save, so None does not pick them
-        (docs/kernels.md, "lion_dense on Mosaic GPU").
+      backend: the kernels: ``"triton"`` (Triton), ``"mosaic"``: the Mosaic GPU kernels of
+        ``mosaic_dense.py`` for Hopper, forward and backward (16-bit, head dims 64 or 128; a
+        ValueError with the reason for inputs they cannot take; with ``interpret``, the
+        Mosaic GPU interpreter), or None: :func:`default_backend`'s choice.
     Returns:
       ``[B, L, H, V]`` in v.dtype; differentiable in q, k, v and log_decay (gradients in
       their dtypes).
@@ -720,7 +737,8 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
     if backend not in (None, "mosaic", "triton"):
         raise ValueError(f"lion_dense: backend must be None, 'mosaic' or 'triton'; got "
                          f"{backend!r}")
-    mosaic = backend == "mosaic"
+    mosaic = backend == "mosaic" or (
+        backend is None and default_backend(q, k, v, log_decay, orders, interpret) == "mosaic")
     if mosaic and (reason := mosaic_forward_reason(q, k, v, max(len(a), 1))) is not None:
         raise ValueError(f"lion_dense: backend='mosaic': {reason}; use backend=None")
     cfg = _Config(B, L, H, (K, v.shape[-1]), _block(L, block), len(a),

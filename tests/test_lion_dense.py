@@ -6,6 +6,8 @@ loss in q, k, v and log_decay.
 CPU (default): the Pallas interpreter. GPU: ``LION_TEST_GPU=1 pytest tests/test_lion_dense.py``.
 """
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -386,3 +388,27 @@ def test_mosaic_backend_choice():
         pallas_kernels.lion_dense(x[..., :32], x[..., :32], x, g, backend="mosaic")
     with pytest.raises(ValueError, match=r"backend must be None, 'mosaic' or 'triton'"):
         pallas_kernels.lion_dense(x, x, x, g, backend="cuda")
+
+
+def test_default_backend(monkeypatch):
+    """backend=None takes the Mosaic kernels on a Hopper GPU for 16-bit inputs with a decay at
+    a length that is a multiple of 8, and Triton otherwise (traced with Hopper faked)."""
+    module = importlib.import_module("pallas_kernels.lion_dense")  # the package's name is the op
+
+    def kernels(*args, hopper=True, **kw):
+        monkeypatch.setattr(module, "hopper", lambda: hopper)
+        fwd = str(jax.make_jaxpr(lambda *a: pallas_kernels.lion_dense(*a, interpret=False,
+                                                                      **kw))(*args))
+        return "mosaic" if "wgmma" in fwd else "triton" if "pallas_call" in fwd else None
+
+    x = jnp.zeros((1, 40, 2, 64), jnp.bfloat16)
+    g = jnp.zeros((1, 40, 2), jnp.float32)
+    assert kernels(x, x, x, g) == "mosaic"
+    assert kernels(x, x, x, g, orders=[np.arange(40), np.arange(40)[::-1]]) == "mosaic"
+    assert kernels(x, x, x, g, hopper=False) == "triton"
+    assert kernels(x, x, x, g, backend="triton") == "triton"
+    assert kernels(x, x, x) == "triton"  # no decay: LION-LIT's kernels are no faster
+    assert kernels(x[:, :39], x[:, :39], x[:, :39], g[:, :39]) == "triton"  # L % 8: copies
+    assert kernels(*(x.astype(jnp.float32),) * 3, g) == "triton"
+    assert kernels(x[..., :32], x[..., :32], x, g) == "triton"
+    assert module.default_backend(x, x, x, g, interpret=True) == "triton"
