@@ -2,7 +2,8 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
 
     python -m experiments.bench_vision [--out DIR] [--size tiny] [--train_batch 256]
         [--infer_batch 128] [--resolutions 224,448,672,896,1248] [--calls 10]
-        [--skip_train] [--inference_sides "LION-S, pallas;ViT, cuDNN flash"] [--token_multiple 8]
+        [--skip_train] [--inference_sides "LION-S, pallas;ViT, cuDNN flash"]
+        [--token_multiple 1,8] [--dense_backends triton,mosaic] [--lion_models s,s_v2]
 
 (a) Train step at 224 px (patch 16, 197 tokens), batch ``--train_batch``: forward, backward
     and an AdamW update of ViT-T/S with softmax attention (cuDNN's flash attention, which
@@ -11,7 +12,12 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
     side that cannot run is a row with the reason. ``--token_multiple N`` pads the LION
     models' tokens with masked ones to a multiple of N (``VisionTransformer.token_multiple``;
     the default 8, as the vision configs: 197 -> 200 tokens, whole 8-row tiles for the Mosaic
-    GPU ``lion_dense``, which ``impl="auto"`` then takes on Hopper; 1: no padding).
+    GPU ``lion_dense``, which ``impl="auto"`` then takes on Hopper; 1: no padding; several
+    values give a row each). ``--dense_backends triton,mosaic`` gives each LION model a row per
+    ``lion_dense`` backend (traced with ``lion_dense(backend=...)``). Every side is compiled
+    first, then the sides are timed in rounds (one sample each per round), so that a slow
+    stretch of a shared device falls on all of them alike; the table gives the median and the
+    fastest sample. ``--lion_models`` picks the LION models (``lit,d,s,s_v2`` by default).
 (b) Inference at each resolution, batch ``--infer_batch``, bf16: images/s and XLA's compiled
     memory (arguments + outputs + temporaries of the whole jitted forward) of ViT with cuDNN
     flash attention (learned positions resized) and with plain XLA softmax, and of LION-S with
@@ -19,20 +25,25 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
     Pallas token walk ``pallas_kernels.lion_walk``). A model that does not compile or run
     (out of memory, a refused shape) is reported with the reason.
 
-Every side is timed the same way (``bench_value_decay.timed``): the median of 5 samples of
-``--calls`` calls back to back with one sync each, after a warm-up call. Prints the tables;
+Every side is timed the same way: the median of 5 samples of ``--calls`` calls back to back
+with one sync each, after a warm-up call (in rounds for the train steps, as above; one side
+after the other for inference, ``bench_value_decay.timed``). Prints the tables;
 with ``--out`` writes ``table.md`` and ``plot.png``. Needs a GPU.
 """
 
+import contextlib
+import functools
 import os
+import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
 import optax
 from absl import app, flags
 
-from experiments.bench_value_decay import timed, timing
+from experiments.bench_value_decay import SAMPLES, timed, timing
 from lion_jax.models import VisionTransformer
 from lion_jax.models.vit import vit_size
 
@@ -40,6 +51,11 @@ FLAGS = flags.FLAGS
 PATCH = 16
 LION = {"LION-LIT": dict(variant="lit"), "LION-D": dict(variant="d"),
         "LION-S": dict(variant="s")}
+# the LION models of the train-step table: --lion_models key -> (name, mixer, patch orders)
+TRAIN_MODELS = {"lit": ("LION-LIT", LION["LION-LIT"], ("raster",)),
+                "d": ("LION-D", LION["LION-D"], ("raster",)),
+                "s": ("LION-S", LION["LION-S"], ("raster",)),
+                "s_v2": ("LION-S (v2)", LION["LION-S"], ("row_snake", "col_snake"))}
 INFER_IMPLS = ("attention", "chunk", "pallas", "recurrent")
 
 
@@ -52,8 +68,13 @@ def define_flags():
                       "Inference resolutions (multiples of 16).")
     flags.DEFINE_integer("calls", 10, "Calls timed back to back.")
     flags.DEFINE_bool("skip_train", False, "Only the inference part.")
-    flags.DEFINE_integer("token_multiple", 8, "Pad the LION models' tokens to a multiple of "
-                         "this in the train step (VisionTransformer.token_multiple; 1: none).")
+    flags.DEFINE_list("token_multiple", ["8"], "Pad the LION models' tokens to a multiple "
+                      "of this in the train step (VisionTransformer.token_multiple; 1: none); "
+                      "several, e.g. 1,8: a row each.")
+    flags.DEFINE_list("dense_backends", [], "lion_dense backends of the LION train steps, e.g. "
+                      "triton,mosaic: a row each (default: lion_dense.default_backend's choice).")
+    flags.DEFINE_list("lion_models", list(TRAIN_MODELS), "LION models of the train-step table: "
+                      f"any of {', '.join(TRAIN_MODELS)}.")
     flags.DEFINE_string("inference_sides", None,
                         "Inference sides to run (default all): names as in the table, "
                         "separated by ';', e.g. 'LION-S, recurrent;ViT, cuDNN flash'; an "
@@ -78,8 +99,9 @@ def failure(e):
             else f"{type(e).__name__}: {text[:120]}")
 
 
-def train_step_ms(net, batch, calls):
-    """Milliseconds per AdamW train step (forward, backward, update) at 224 px."""
+def compiled_step(net, batch):
+    """``(compiled, args)``: the jitted AdamW train step (forward, backward, update) of ``net``
+    at 224 px, compiled, and its arguments."""
     images = jnp.zeros((batch, 224, 224, 3), jnp.float32)
     labels = jnp.zeros((batch,), jnp.int32)
     params = net.init(jax.random.key(0), images[:1], train=False)["params"]
@@ -95,7 +117,82 @@ def train_step_ms(net, batch, calls):
         updates, opt = tx.update(grads, opt, params)
         return optax.apply_updates(params, updates), opt
 
-    return timed(step, params, opt, images, labels, calls=calls)
+    args = (params, opt, images, labels)
+    return step.lower(*args).compile(), args
+
+
+@contextlib.contextmanager
+def dense_backend(backend):
+    """``pallas_kernels.lion_dense`` with ``backend=backend`` while a model is traced inside
+    (None: as it is, ``lion_dense.default_backend``'s choice)."""
+    if backend is None:
+        yield
+        return
+    import pallas_kernels
+    default = pallas_kernels.lion_dense
+    pallas_kernels.lion_dense = functools.partial(default, backend=backend)
+    try:
+        yield
+    finally:
+        pallas_kernels.lion_dense = default
+
+
+def train_sides(size, token_multiples=(8,), backends=(None,), lion_models=TRAIN_MODELS):
+    """``[(name, net, lion_dense backend)]``: ViT with cuDNN's and XLA's softmax, then each
+    LION model of ``lion_models`` (keys of :data:`TRAIN_MODELS`) for each token multiple and
+    ``lion_dense`` backend."""
+    sides = [(f"ViT ({'cuDNN flash' if impl == 'cudnn' else 'XLA'} softmax)",
+              model(size, "softmax", dict(impl=impl)), None) for impl in ("cudnn", "xla")]
+    for key in lion_models:
+        name, mixer, orders = TRAIN_MODELS[key]
+        for multiple in token_multiples:
+            for backend in backends:
+                notes = [f"tokens to a multiple of {multiple}"] if multiple > 1 else []
+                notes += [f"lion_dense on {backend}"] if backend else []
+                label = f"{name} ({', '.join(notes)})" if notes else name
+                sides.append((label, model(size, "lion", dict(mixer, impl="auto"), orders,
+                                           token_multiple=multiple), backend))
+    return sides
+
+
+def timed_in_rounds(steps, calls):
+    """``{name: (median, fastest)}`` ms per call of each ``steps[name] = (fn, args)``: a
+    warm-up call each, then :data:`~experiments.bench_value_decay.SAMPLES` rounds in which
+    every side takes one sample of ``calls`` calls back to back and one sync, so that a slow
+    stretch of a shared device falls on all sides alike."""
+    for fn, args in steps.values():
+        jax.block_until_ready(fn(*args))
+    samples = {name: [] for name in steps}
+    for _ in range(SAMPLES):
+        for name, (fn, args) in steps.items():
+            start = time.perf_counter()
+            out = None
+            for _ in range(calls):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - start) / calls * 1e3)
+    return {name: (statistics.median(x), min(x)) for name, x in samples.items()}
+
+
+def train_rows(size, batch, calls, token_multiples=(8,), backends=(None,),
+               lion_models=TRAIN_MODELS):
+    """``[(name, (median ms, fastest ms) or the reason it could not run)]``: every side
+    compiled first (each under its ``lion_dense`` backend), then timed in rounds."""
+    steps, failed = {}, {}
+    sides = train_sides(size, token_multiples, backends, lion_models)
+    for name, net, backend in sides:
+        try:
+            with dense_backend(backend):
+                steps[name] = compiled_step(net, batch)
+        except Exception as e:  # noqa: BLE001  a refused shape is a row of the table
+            failed[name] = failure(e)
+        print(f"  compiled the train step of {name}" + (f": {failed[name]}" if name in failed
+                                                         else ""), flush=True)
+    times = timed_in_rounds(steps, calls)
+    rows = [(name, times.get(name, failed.get(name))) for name, _, _ in sides]
+    for name, ms in rows:
+        print(f"  train step, {name}: {ms}", flush=True)
+    return rows
 
 
 def inference(net, params, batch, resolution, calls):
@@ -106,25 +203,6 @@ def inference(net, params, batch, resolution, calls):
     m = compiled.memory_analysis()
     mib = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / 2 ** 20
     return batch / timed(compiled, params, images, calls=calls) * 1e3, mib
-
-
-def train_rows(size, batch, calls, token_multiple=1):
-    sides = [(f"ViT ({'cuDNN flash' if impl == 'cudnn' else 'XLA'} softmax)",
-              model(size, "softmax", dict(impl=impl))) for impl in ("cudnn", "xla")]
-    padded = dict(token_multiple=token_multiple)
-    note = f" (tokens padded to a multiple of {token_multiple})" if token_multiple > 1 else ""
-    sides += [(name + note, model(size, "lion", dict(mixer, impl="auto"), **padded))
-              for name, mixer in LION.items()]
-    sides.append(("LION-S (v2)" + note, model(size, "lion", dict(LION["LION-S"], impl="auto"),
-                                              ("row_snake", "col_snake"), **padded)))
-    rows = []
-    for name, net in sides:
-        try:
-            rows.append((name, train_step_ms(net, batch, calls)))
-        except Exception as e:  # noqa: BLE001  a refused shape is a row of the table
-            rows.append((name, failure(e)))
-        print(f"  train step, {name}: {rows[-1][1]}", flush=True)
-    return rows
 
 
 def inference_rows(size, batch, resolutions, calls, only=None):
@@ -160,11 +238,17 @@ def markdown(device, size, train, train_batch, names, results, resolutions, infe
     if train:
         base = next((ms for n, ms in train if n.startswith("ViT") and not isinstance(ms, str)),
                     None)
-        lines += [f"Train step at 224 px, batch {train_batch} (forward, backward, AdamW):", "",
-                  "| model | ms / step | vs ViT |", "| --- | --- | --- |"]
+        lines += [f"Train step at 224 px, batch {train_batch} (forward, backward, AdamW; the "
+                  f"sides timed in rounds, one sample each per round), ms:", "",
+                  "| model | median | fastest | vs ViT (median) | vs ViT (fastest) |",
+                  "| --- | --- | --- | --- | --- |"]
         for n, ms in train:
-            ratio = "" if isinstance(ms, str) or base is None else f"{ms / base:.2f}x"
-            lines.append(f"| {n} | {ms if isinstance(ms, str) else f'{ms:.1f}'} | {ratio} |")
+            if isinstance(ms, str):
+                lines.append(f"| {n} | {ms} | | | |")
+                continue
+            ratios = (["", ""] if base is None
+                      else [f"{a / b:.2f}x" for a, b in zip(ms, base)])
+            lines.append(f"| {n} | {ms[0]:.2f} | {ms[1]:.2f} | {ratios[0]} | {ratios[1]} |")
         lines.append("")
     lines += [f"Inference, batch {infer_batch}: images/s (compiled memory, MiB)", "",
               "| model | " + " | ".join(f"{r} px" for r in resolutions) + " |",
@@ -218,8 +302,20 @@ def main(argv):
     if only is not None:
         only = [n.strip() for n in only.split(";") if n.strip()]
     device = jax.devices()[0].device_kind
+    try:
+        multiples = [int(m) for m in FLAGS.token_multiple]
+    except ValueError:
+        sys.exit(f"error: --token_multiple takes ints >= 1; got {FLAGS.token_multiple}")
+    if any(m < 1 for m in multiples):
+        sys.exit(f"error: --token_multiple takes ints >= 1; got {multiples}")
+    backends = FLAGS.dense_backends or [None]
+    if not set(backends) <= {None, "triton", "mosaic"}:
+        sys.exit(f"error: --dense_backends takes triton and mosaic; got {backends}")
+    if not set(FLAGS.lion_models) <= set(TRAIN_MODELS):
+        sys.exit(f"error: --lion_models takes {', '.join(TRAIN_MODELS)}; got "
+                 f"{FLAGS.lion_models}")
     train = None if FLAGS.skip_train else train_rows(FLAGS.size, FLAGS.train_batch, FLAGS.calls,
-                                                     FLAGS.token_multiple)
+                                                     multiples, backends, FLAGS.lion_models)
     try:
         names, results = inference_rows(FLAGS.size, FLAGS.infer_batch, resolutions, FLAGS.calls,
                                         only)
