@@ -111,6 +111,9 @@ def _map_bwd(cfg, x, g):
 
 
 _map.defvjp(_map_fwd, _map_bwd)
+# jitted with its static layout, so that a model's layers of one shape share one trace and
+# one lowering of the kernels (pallas_kernels/__init__.py, "Lowered once")
+_map_once = jax.jit(_map, static_argnums=(1,))
 
 
 def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, interpret=None):
@@ -135,4 +138,4 @@ def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, interpret=None):
         interpret = jax.default_backend() == "cpu"
     cfg = _Config(x.size // x.shape[-1], x.shape[-1], float(shift), float(eps),
                   jnp.dtype(out_dtype or x.dtype), bool(interpret))
-    return _map(x.reshape(cfg.rows, cfg.dim), cfg).reshape(x.shape)
+    return _map_once(x.reshape(cfg.rows, cfg.dim), cfg).reshape(x.shape)

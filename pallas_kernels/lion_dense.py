@@ -630,6 +630,9 @@ def _dense_bwd(cfg, residuals, dy):
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
+# jitted with its static layout, so that a model's layers of one shape share one trace and
+# one lowering of the kernels (pallas_kernels/__init__.py, "Lowered once")
+_dense_once = jax.jit(_dense, static_argnums=(4,))
 
 
 def _cumulative(log_decay, exact):
@@ -746,4 +749,4 @@ def lion_dense(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, orders=None
                   float(eps), f32, bool(two_parts and normalize and not f32), bool(interpret),
                   mosaic, num_warps or NUM_WARPS, backward_warps or NUM_WARPS,
                   num_stages or NUM_STAGES)
-    return _dense(q, k, v, a, cfg)
+    return _dense_once(q, k, v, a, cfg)

@@ -153,6 +153,9 @@ def _two_walks_fwd(*args):
 
 
 _two_walks.defvjp(_two_walks_fwd, lambda *args: None)  # the forward rule raises
+# jitted with its static layout, so that a model's layers of one shape share one trace and
+# one lowering of the kernels (pallas_kernels/__init__.py, "Lowered once")
+_two_walks_once = jax.jit(_two_walks, static_argnums=(4, 5, 6))
 
 
 def lion_walk(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=None):
@@ -181,6 +184,6 @@ def lion_walk(q, k, v, log_decay=None, *, normalize=True, eps=1e-6, interpret=No
     else:
         g = _pad_axis(log_decay.astype(jnp.float32), 3, vp)
     # no copies along L (the walks take any length); head dims padded only when not aligned
-    y = _two_walks(_pad_axis(q, 3, kp), _pad_axis(k, 3, kp), _pad_axis(v, 3, vp), g, normalize,
-                   float(eps), bool(interpret))
+    y = _two_walks_once(_pad_axis(q, 3, kp), _pad_axis(k, 3, kp), _pad_axis(v, 3, vp), g,
+                        bool(normalize), float(eps), bool(interpret))
     return y if vp == v.shape[-1] else y[..., :v.shape[-1]]

@@ -332,6 +332,9 @@ def _lion_bwd(interpret, segments, residuals, dy):
 
 
 _lion.defvjp(_lion_fwd, _lion_bwd)
+# jitted with its static layout, so that a model's layers of one shape share one trace and
+# one lowering of the kernels (pallas_kernels/__init__.py, "Lowered once")
+_lion_once = jax.jit(_lion, static_argnums=(4, 5))
 
 
 def lion_value_decay(q, k, v, log_decay, *, segment=None, interpret=None):
@@ -357,6 +360,6 @@ def lion_value_decay(q, k, v, log_decay, *, segment=None, interpret=None):
     segments, per = segment_layout(L, SEGMENT if segment is None else int(segment))
     lp = segments * per
     pad = lambda x, d: _pad_axis(_pad_axis(x, 1, lp), 3, d)  # noqa: E731  exact: zeros
-    y = _lion(pad(q, kp), pad(k, kp), pad(v, vp), pad(log_decay.astype(jnp.float32), vp),
-              bool(interpret), segments)
+    y = _lion_once(pad(q, kp), pad(k, kp), pad(v, vp), pad(log_decay.astype(jnp.float32), vp),
+                   bool(interpret), segments)
     return y[:, :L, :, :V]
