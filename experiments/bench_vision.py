@@ -16,8 +16,8 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
     values give a row each). ``--dense_backends triton,mosaic`` gives each LION model a row per
     ``lion_dense`` backend (traced with ``lion_dense(backend=...)``). Every side is compiled
     first, then the sides are timed in rounds (one sample each per round), so that a slow
-    stretch of a shared device falls on all of them alike; the table gives the median and the
-    fastest sample. ``--lion_models`` picks the LION models (``lit,d,s,s_v2`` by default).
+    stretch of a shared device falls on all of them alike; the table gives the median, the
+    fastest sample and the seconds each side took to build and compile. ``--lion_models`` picks the LION models (``lit,d,s,s_v2`` by default).
 (b) Inference at each resolution, batch ``--infer_batch``, bf16: images/s and XLA's compiled
     memory (arguments + outputs + temporaries of the whole jitted forward) of ViT with cuDNN
     flash attention (learned positions resized) and with plain XLA softmax, and of LION-S with
@@ -176,20 +176,24 @@ def timed_in_rounds(steps, calls):
 
 def train_rows(size, batch, calls, token_multiples=(8,), backends=(None,),
                lion_models=TRAIN_MODELS):
-    """``[(name, (median ms, fastest ms) or the reason it could not run)]``: every side
-    compiled first (each under its ``lion_dense`` backend), then timed in rounds."""
-    steps, failed = {}, {}
+    """``[(name, (median ms, fastest ms, compile s) or the reason it could not run)]``: every
+    side compiled first (each under its ``lion_dense`` backend; the seconds of its init,
+    trace, lowering and compilation), then timed in rounds."""
+    steps, failed, seconds = {}, {}, {}
     sides = train_sides(size, token_multiples, backends, lion_models)
     for name, net, backend in sides:
+        start = time.perf_counter()
         try:
             with dense_backend(backend):
                 steps[name] = compiled_step(net, batch)
         except Exception as e:  # noqa: BLE001  a refused shape is a row of the table
             failed[name] = failure(e)
-        print(f"  compiled the train step of {name}" + (f": {failed[name]}" if name in failed
-                                                         else ""), flush=True)
+        seconds[name] = time.perf_counter() - start
+        print(f"  compiled the train step of {name} in {seconds[name]:.0f} s"
+              + (f": {failed[name]}" if name in failed else ""), flush=True)
     times = timed_in_rounds(steps, calls)
-    rows = [(name, times.get(name, failed.get(name))) for name, _, _ in sides]
+    rows = [(name, times[name] + (seconds[name],) if name in times else failed[name])
+            for name, _, _ in sides]
     for name, ms in rows:
         print(f"  train step, {name}: {ms}", flush=True)
     return rows
@@ -240,15 +244,16 @@ def markdown(device, size, train, train_batch, names, results, resolutions, infe
                     None)
         lines += [f"Train step at 224 px, batch {train_batch} (forward, backward, AdamW; the "
                   f"sides timed in rounds, one sample each per round), ms:", "",
-                  "| model | median | fastest | vs ViT (median) | vs ViT (fastest) |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "| model | median | fastest | vs ViT (median) | vs ViT (fastest) | compile (s) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for n, ms in train:
             if isinstance(ms, str):
-                lines.append(f"| {n} | {ms} | | | |")
+                lines.append(f"| {n} | {ms} | | | | |")
                 continue
             ratios = (["", ""] if base is None
-                      else [f"{a / b:.2f}x" for a, b in zip(ms, base)])
-            lines.append(f"| {n} | {ms[0]:.2f} | {ms[1]:.2f} | {ratios[0]} | {ratios[1]} |")
+                      else [f"{a / b:.2f}x" for a, b in zip(ms[:2], base[:2])])
+            lines.append(f"| {n} | {ms[0]:.2f} | {ms[1]:.2f} | {ratios[0]} | {ratios[1]} | "
+                         f"{ms[2]:.0f} |")
         lines.append("")
     lines += [f"Inference, batch {infer_batch}: images/s (compiled memory, MiB)", "",
               "| model | " + " | ".join(f"{r} px" for r in resolutions) + " |",

@@ -50,8 +50,8 @@ def test_timed_in_rounds_and_the_train_table():
     assert set(times) == {"small", "large"}
     for median, fastest in times.values():
         assert 0 < fastest <= median
-    train = [("ViT (cuDNN flash softmax)", (10.0, 8.0)), ("LION-S", (12.0, 9.0)),
+    train = [("ViT (cuDNN flash softmax)", (10.0, 8.0, 30.0)), ("LION-S", (12.0, 9.0, 101.4)),
              ("LION-D", "out of memory")]
     table = bench_vision.markdown("CPU", "tiny", train, 4, [], {}, [], 2, 3)
-    assert "| LION-S | 12.00 | 9.00 | 1.20x | 1.12x |" in table
-    assert "| LION-D | out of memory | | | |" in table
+    assert "| LION-S | 12.00 | 9.00 | 1.20x | 1.12x | 101 |" in table
+    assert "| LION-D | out of memory | | | | |" in table
