@@ -17,7 +17,8 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
     ``lion_dense`` backend (traced with ``lion_dense(backend=...)``). Every side is compiled
     first, then the sides are timed in rounds (one sample each per round), so that a slow
     stretch of a shared device falls on all of them alike; the table gives the median, the
-    fastest sample and the seconds each side took to build and compile. ``--lion_models`` picks the LION models (``lit,d,s,s_v2`` by default).
+    fastest sample and the seconds each side took to build and compile. ``--lion_models``
+    picks the LION models (``lit,d,s,s_v2`` by default).
 (b) Inference at each resolution, batch ``--infer_batch``, bf16: images/s and XLA's compiled
     memory (arguments + outputs + temporaries of the whole jitted forward) of ViT with cuDNN
     flash attention (learned positions resized) and with plain XLA softmax, and of LION-S with
