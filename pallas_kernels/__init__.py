@@ -8,11 +8,10 @@ Pallas interpreter (``interpret=None`` picks it when the default backend is CPU)
 Lowered once: every kernel launch sits inside a function jitted with its static layout (the
 ``custom_vjp`` ops wrapped by ``jax.jit`` with their static arguments, the inner passes
 decorated), so a model whose layers call an op with one shape traces and lowers its kernels
-once rather than once per layer (``tests/test_lowered_once.py``). Lowered for CUDA on a
-2-core CPU (2026-12-02, jax 0.11.2): ViT-T's LION-S gradient (12 layers, ``lion_dense`` on
-Mosaic GPU) took 17.0 s and held 36 kernel calls before, 2.9 s and 3 after; 8 calls of
-``lion_value_decay`` at ListOps' shape (B 50, L 1024, H 8, K = V = 16) 1.09 s and 16 kernel
-calls before, 0.22 s and 3 after.
+once rather than once per layer (``tests/test_lowered_once.py``). ``python -m
+experiments.lowering_cost`` measures it: the gradient of 12 calls of the Mosaic ``lion_dense``
+at ViT-T's layer lowered for CUDA in 13.78 s with 36 kernel calls before, 1.46 s with 3 after
+(docs/benchmarks.md, "Lowering the kernels").
 """
 
 from pallas_kernels.chunk_scan import chunk_scan

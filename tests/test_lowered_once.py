@@ -1,8 +1,7 @@
 """Every op's kernels are traced and lowered once per shape: a model whose layers call an op
 with one shape emits each kernel once, however many layers (pallas_kernels/__init__.py,
-"Lowered once"). Checked by lowering for CUDA on the CPU and counting the kernel calls."""
-
-import types
+"Lowered once"). Checked by lowering for CUDA on the CPU and counting the kernel calls
+(``experiments.lowering_cost``)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,53 +9,34 @@ import numpy as np
 import pytest
 
 import pallas_kernels
+from experiments import lowering_cost
+from experiments.lowering_cost import shapes
 from pallas_kernels.feature_map import silu_l2
 
 BF16, F32 = jnp.bfloat16, jnp.float32
-KERNEL_CALLS = ("custom_call @__gpu$xla.gpu.triton", "custom_call @mosaic_gpu")
+
+# small shapes of lowering_cost.OPS' ops (odd lengths where the kernels take them)
+CASES = {
+    "lion_dense (Mosaic GPU)": (lowering_cost.OPS["lion_dense_mosaic"][0],
+                                shapes(2, 40, 2, 64, ())),
+    "lion_dense (Triton)": (lowering_cost.OPS["lion_dense_triton"][0], shapes(2, 37, 2, 32, ())),
+    "lion_value_decay": (lowering_cost.OPS["lion_value_decay"][0], shapes(2, 50, 2, 16, (16,))),
+    "silu_l2": (lambda x: silu_l2(x, interpret=False), [((2, 50, 2, 64), BF16)]),
+    "causal_linear_attention": (lowering_cost.OPS["causal"][0], shapes(2, 100, 2, 32, ())),
+    "causal_linear_attention, a decay per key feature": (
+        lowering_cost.OPS["causal_per_feature"][0], shapes(2, 100, 2, 32, (32,))),
+    "bidirectional_linear_attention": (lowering_cost.OPS["lion"][0], shapes(2, 100, 2, 32, ())),
+}
 
 
 @pytest.fixture(autouse=True)
-def triton_lowering_without_a_gpu(monkeypatch):
-    """Triton's lowering asks the local GPU for its compute capability; say Hopper's."""
-    from jax._src.pallas.triton import gpu_info
-    monkeypatch.setattr(gpu_info, "get_gpu_info",
-                        lambda *a, **k: types.SimpleNamespace(compute_capability=90))
+def triton_lowering_without_a_gpu():
+    with lowering_cost.triton_lowering_without_a_gpu():
+        yield
 
 
-def kernel_calls(op, shapes, layers):
-    """Kernel calls in the CUDA lowering of ``layers`` calls of ``op`` (each layer's output is
-    the next one's first input) under ``jax.grad``."""
-    def loss(x, *rest):
-        for _ in range(layers):
-            x = op(x, *rest).astype(x.dtype)
-        return jnp.sum(x.astype(F32))
-    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
-    text = jax.jit(jax.grad(loss, tuple(range(len(args))))).trace(*args).lower(
-        lowering_platforms=("cuda",)).as_text()
-    return sum(text.count(call) for call in KERNEL_CALLS)
-
-
-def shapes(B, L, H, K, decay_shape):
-    return [((B, L, H, K), BF16)] * 3 + [((B, L, H) + decay_shape, F32)]
-
-
-CASES = {
-    "lion_dense (Mosaic GPU)": (lambda *a: pallas_kernels.lion_dense(
-        *a, backend="mosaic", interpret=False), shapes(2, 40, 2, 64, ())),
-    "lion_dense (Triton)": (lambda *a: pallas_kernels.lion_dense(
-        *a, backend="triton", interpret=False), shapes(2, 37, 2, 32, ())),
-    "lion_value_decay": (lambda *a: pallas_kernels.lion_value_decay(*a, interpret=False),
-                         shapes(2, 50, 2, 16, (16,))),
-    "silu_l2": (lambda x: silu_l2(x, interpret=False), [((2, 50, 2, 64), BF16)]),
-    "causal_linear_attention": (lambda *a: pallas_kernels.causal_linear_attention(
-        *a, interpret=False, backend="triton"), shapes(2, 100, 2, 32, ())),
-    "causal_linear_attention, a decay per key feature": (
-        lambda *a: pallas_kernels.causal_linear_attention(*a, interpret=False),
-        shapes(2, 100, 2, 32, (32,))),
-    "bidirectional_linear_attention": (lambda *a: pallas_kernels.bidirectional_linear_attention(
-        *a, interpret=False, backend="triton"), shapes(2, 100, 2, 32, ())),
-}
+def kernel_calls(op, arg_shapes, layers):
+    return lowering_cost.lowered(lowering_cost.layers_grad(op, layers), arg_shapes)[1]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -68,16 +48,12 @@ def test_layers_of_one_shape_lower_the_kernels_once(name):
 
 
 def test_lion_walk_lowers_once_forward():
-    x = jax.ShapeDtypeStruct((2, 50, 2, 32), BF16)
-    g = jax.ShapeDtypeStruct((2, 50, 2), F32)
-
     def layers(n):
         def run(q, k, v, a):
             for _ in range(n):
                 q = pallas_kernels.lion_walk(q, k, v, a, interpret=False).astype(BF16)
             return q
-        text = jax.jit(run).trace(x, x, x, g).lower(lowering_platforms=("cuda",)).as_text()
-        return sum(text.count(call) for call in KERNEL_CALLS)
+        return lowering_cost.lowered(run, shapes(2, 50, 2, 32, ()))[1]
     assert layers(3) == layers(1) > 0
 
 
@@ -95,6 +71,17 @@ def test_the_lowering_check_sees_repeated_kernels():
         for _ in range(3):
             x = add_one(x)
         return x
-    text = jax.jit(run).trace(jax.ShapeDtypeStruct((16, 16), F32)).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert sum(text.count(call) for call in KERNEL_CALLS) == 3
+    assert lowering_cost.lowered(run, [((16, 16), F32)])[1] == 3
+
+
+def test_lowering_cost_cli(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["lowering_cost", "--ops", "silu_l2", "--layers", "1,3"])
+    lowering_cost.main()
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| silu_l2")]
+    assert [row.split("|")[2].strip() for row in rows] == ["1", "3"]
+    assert rows[0].split("|")[4].strip() == "1"  # the forward is dead code at one layer
+    monkeypatch.setattr("sys.argv", ["lowering_cost", "--ops", "bogus"])
+    with pytest.raises(SystemExit):
+        lowering_cost.main()
+    assert "unknown --ops ['bogus']" in capsys.readouterr().err
