@@ -18,7 +18,8 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
     first, then the sides are timed in rounds (one sample each per round), so that a slow
     stretch of a shared device falls on all of them alike; the table gives the median, the
     fastest sample and the seconds each side took to build and compile. ``--lion_models``
-    picks the LION models (``lit,d,s,s_v2`` by default).
+    picks the LION models (``lit,d,s,s_v2`` by default; ``s_gate32``: LION-S with its decay
+    gate's products in float32, ``LionAttention.gate_products``, against the configs' bf16).
 (b) Inference at each resolution, batch ``--infer_batch``, bf16: images/s and XLA's compiled
     memory (arguments + outputs + temporaries of the whole jitted forward) of ViT with cuDNN
     flash attention (learned positions resized) and with plain XLA softmax, and of LION-S with
@@ -50,13 +51,16 @@ from lion_jax.models.vit import vit_size
 
 FLAGS = flags.FLAGS
 PATCH = 16
+# the mixers of configs/vision (LION-S's gate products in bf16, as there)
 LION = {"LION-LIT": dict(variant="lit"), "LION-D": dict(variant="d"),
-        "LION-S": dict(variant="s")}
+        "LION-S": dict(variant="s", gate_products="compute")}
 # the LION models of the train-step table: --lion_models key -> (name, mixer, patch orders)
 TRAIN_MODELS = {"lit": ("LION-LIT", LION["LION-LIT"], ("raster",)),
                 "d": ("LION-D", LION["LION-D"], ("raster",)),
                 "s": ("LION-S", LION["LION-S"], ("raster",)),
-                "s_v2": ("LION-S (v2)", LION["LION-S"], ("row_snake", "col_snake"))}
+                "s_v2": ("LION-S (v2)", LION["LION-S"], ("row_snake", "col_snake")),
+                "s_gate32": ("LION-S, float32 gate products", dict(variant="s"), ("raster",))}
+DEFAULT_LION_MODELS = ("lit", "d", "s", "s_v2")
 INFER_IMPLS = ("attention", "chunk", "pallas", "recurrent")
 
 
@@ -74,7 +78,8 @@ def define_flags():
                       "several, e.g. 1,8: a row each.")
     flags.DEFINE_list("dense_backends", [], "lion_dense backends of the LION train steps, e.g. "
                       "triton,mosaic: a row each (default: lion_dense.default_backend's choice).")
-    flags.DEFINE_list("lion_models", list(TRAIN_MODELS), "LION models of the train-step table: "
+    flags.DEFINE_list("lion_models", list(DEFAULT_LION_MODELS),
+                      "LION models of the train-step table: "
                       f"any of {', '.join(TRAIN_MODELS)}.")
     flags.DEFINE_string("inference_sides", None,
                         "Inference sides to run (default all): names as in the table, "
@@ -138,7 +143,7 @@ def dense_backend(backend):
         pallas_kernels.lion_dense = default
 
 
-def train_sides(size, token_multiples=(8,), backends=(None,), lion_models=TRAIN_MODELS):
+def train_sides(size, token_multiples=(8,), backends=(None,), lion_models=DEFAULT_LION_MODELS):
     """``[(name, net, lion_dense backend)]``: ViT with cuDNN's and XLA's softmax, then each
     LION model of ``lion_models`` (keys of :data:`TRAIN_MODELS`) for each token multiple and
     ``lion_dense`` backend."""
@@ -176,7 +181,7 @@ def timed_in_rounds(steps, calls):
 
 
 def train_rows(size, batch, calls, token_multiples=(8,), backends=(None,),
-               lion_models=TRAIN_MODELS):
+               lion_models=DEFAULT_LION_MODELS):
     """``[(name, (median ms, fastest ms, compile s) or the reason it could not run)]``: every
     side compiled first (each under its ``lion_dense`` backend; the seconds of its init,
     trace, lowering and compilation), then timed in rounds."""

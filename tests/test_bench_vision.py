@@ -25,6 +25,10 @@ def test_train_sides_name_every_model_multiple_and_backend():
     assert [name for name, _, _ in sides][2:] == [
         "LION-S (v2) (tokens to a multiple of 8, lion_dense on mosaic)"]
     assert sides[2][1].orders == ("row_snake", "col_snake")
+    # LION-S as the vision configs build it (bf16 gate products) and with float32 ones
+    sides = bench_vision.train_sides("tiny", (8,), (None,), ("s", "s_gate32"))
+    assert [net.mixer.get("gate_products", "float32") for _, net, _ in sides[2:]] == [
+        "compute", "float32"]
 
 
 def test_dense_backend_switches_the_kernels_while_tracing():

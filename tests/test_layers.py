@@ -351,6 +351,7 @@ def test_bfloat16_close_to_float32(rng, variant, decay_shape):
     (dict(rope_base=1e4, normalize=False, head_dim=5), "rope_base .* even head_dim"),
     (dict(rope_base=0.0, normalize=False), "rope_base .* positive base"),
     (dict(rope_learned=True, normalize=False), "set rope_base"),
+    (dict(gate_products="bf16"), "unknown gate_products 'bf16'.*'float32', 'compute'"),
 ])
 def test_bad_config_raises(kwargs, match):
     config = dict(num_heads=H, head_dim=K) | kwargs
@@ -501,6 +502,31 @@ def test_softplus_decay(rng):
     z = np.asarray(x, np.float64) @ np.asarray(gate["kernel"], np.float64) + np.asarray(
         gate["bias"], np.float64)
     np.testing.assert_allclose(log_decay, -np.logaddexp(0.0, z), rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["s", "xlstm"])
+def test_gate_products_in_the_compute_dtype(rng, variant):
+    """``gate_products="compute"``: the gates' projections take the tokens and kernels as bf16
+    rounds them, accumulated in float32 (a float64 product of the rounded operands agrees to
+    float32's rounding), bias and activation in float32; the parameters are the same as with
+    float32 products, and the log-decays stay within bf16's rounding of the kernel of them."""
+    x = normal(rng, B, L + int(rng.integers(1, 5)), D).astype(jnp.bfloat16)
+    layer = functools.partial(make_layer, variant, "scalar", impl="attention",
+                              dtype=jnp.bfloat16)
+    params = layer(gate_products="compute").init(jax_key(rng), x)
+    assert (jax.tree.structure(params)
+            == jax.tree.structure(layer().init(jax_key(rng), x)))
+    (_, _, _, log_decay, _), y = mixer_inputs(layer(gate_products="compute"), params, x)
+    (_, _, _, log_decay32, _), _ = mixer_inputs(layer(), params, x)
+    assert np.all(np.isfinite(np.asarray(y, np.float32)))
+
+    name = "forget_gate" if variant == "xlstm" else "decay_gate"
+    gate = nn.unbox(params)["params"][name]
+    rounded = np.asarray(jnp.asarray(gate["kernel"]).astype(jnp.bfloat16), np.float64)
+    z = np.asarray(x, np.float64) @ rounded + np.asarray(gate["bias"], np.float64)
+    expected = -np.logaddexp(0.0, -z)  # log sigmoid
+    np.testing.assert_allclose(log_decay, expected, rtol=1e-5, atol=1e-7)
+    assert 1e-9 < rel_err(log_decay, log_decay32) < 2e-2  # the kernel's rounding, not more
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -43,7 +43,8 @@ def get_config(arg=None):
         cache_dir="~/.cache/lion_jax/shapes"))
     c.model = ml_collections.ConfigDict(dict(
         patch_size=8, **vit_size("tiny"), mixer_kind="lion",
-        mixer=dict(variant="s", impl="auto", chunk_size=64), orders=("raster",),
+        mixer=dict(variant="s", impl="auto", chunk_size=64, gate_products="compute"),
+        orders=("raster",),
         pos_emb="none", image_size=0, pooling="cls", dropout=0.0, drop_path=0.1,
         norm="layernorm", token_multiple=1, dtype="bfloat16", param_dtype="float32"))
     c.augment = ml_collections.ConfigDict(dict(flip=True))
