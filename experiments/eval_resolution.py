@@ -7,7 +7,8 @@ Figure 8).
 Reads ``W/config.json`` and the parameters of the best checkpoint (``W/best``), draws the
 evaluation split at each resolution (Shapes draws the same scenes at any resolution, sharper;
 CIFAR and ImageNet runs, with DeiT's pipeline, take its evaluation transform at that size:
-shorter side resized to ``resolution / eval_crop_ratio``, centre crop), and prints accuracy and loss per resolution. Nothing in the model changes: LION-S has no
+shorter side resized to ``resolution / eval_crop_ratio``, centre crop), and prints accuracy and
+loss per resolution. Nothing in the model changes: LION-S has no
 positional embedding and its decays follow the patches, whatever their number; a ViT's learned
 positions, stored for the training grid, are resized bilinearly to each new grid
 (``lion_jax.models.vit``). Resolutions must be multiples of the patch size.

@@ -156,7 +156,8 @@ def table(records):
              f"{FLAGS.difficulty}, {data}; `python -m experiments.pathfinder_cnn "
              f"{' '.join(sys.argv[1:])}`; {jax.devices()[0].device_kind}, jax {jax.__version__}."
              f" Best val accuracy {100 * best['val_accuracy']:.2f} % (epoch {best['epoch']}).",
-             "", "| epoch | train loss | train accuracy | val accuracy |", "| --- | --- | --- | --- |"]
+             "", "| epoch | train loss | train accuracy | val accuracy |",
+             "| --- | --- | --- | --- |"]
     lines += [f"| {r['epoch']} | {r['train_loss']:.4f} | {100 * r['train_accuracy']:.2f} % | "
               f"{100 * r['val_accuracy']:.2f} % |" for r in records]
     return "\n".join(lines) + "\n"

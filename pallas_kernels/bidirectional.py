@@ -54,7 +54,7 @@ def two_parts(x, dtype):
     that the backward's dden needs (``low_part``), and for the weights' cotangent G * M
     (backward): the weights' cotangent has zero mean under the weights, so dq and dk are sums
     that cancel, and the 8-bit rounding of those operands set their bf16 error (dq up to
-    5.2e-3 over 12 seeds; 3.5e-3 with both split; docs/benchmarks.md, the 2026-11-21 H200 run)."""
+    5.2e-3 over 12 seeds; 3.5e-3 with both split; docs/benchmarks.md, one H200, 2026-11-21)."""
     hi = x.astype(dtype)
     return hi, (x - hi.astype(jnp.float32)).astype(dtype)
 
@@ -250,7 +250,7 @@ MAX_BACKWARD_DIM = 128
 # Above this head dim the backward runs as two kernels (dq; dk and dv), each holding fewer
 # tiles at once; at or below it as one. H100, L = 16K, 4 warps: D = 64 one kernel 1.71 ms,
 # two 1.81; D = 128 one 6.66, two 5.03 (docs/benchmarks.md). H200, kernel times alone, D = 64:
-# one 0.93 ms, two 0.42 + 0.68 (profile_kernels --settings, the 2026-11-22 H200 run).
+# one 0.93 ms, two 0.42 + 0.68 (profile_kernels --settings, one H200, 2026-11-22).
 MAX_ONE_KERNEL_DIM = 64
 # The largest [C, max(Kp, Vp)] tile of the fused backward, in bytes: chunk 64 at head dim 128
 # in bf16 (see supported).
@@ -322,7 +322,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, *refs, normalize, precisio
     # the cotangent of the weights times the mask, rounded; dq's in two 16-bit parts when
     # normalised: its sum over keys cancels (G has zero mean under the weights of each query),
     # dk's over queries does not (bf16, L = 100: dk 1.9e-3 with two parts, 2.5e-3 with one,
-    # as causal's 2.4e-3; experiments.kernel_precision, docs/benchmarks.md, the 2026-11-22 H200 run)
+    # as causal's 2.4e-3; experiments.kernel_precision, docs/benchmarks.md, one H200, 2026-11-22)
     grad = grad * mask
     gws = two_parts(grad, dtype) if normalize and dtype != f32 else (grad.astype(dtype),)
     if want_dq:

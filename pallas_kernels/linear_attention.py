@@ -32,7 +32,7 @@ and, with the decay now on the state's K axis, ``dq = scan_value(do, v, k; S0^T)
 Normalised LION's scan backwards (head dims above the fused kernels', and
 ``algorithm="sequential"``) take dq from float32 scans (``_normalised_dq``), and the sequential
 one recomputes y and den by float32 scans: dq cancels, and 16-bit operands had left it at up to
-7.7e-3 (bf16, interpret mode) and 1.8e-2 (head dim 256, H100; the 2026-11-24 H100 run).
+7.7e-3 (bf16, interpret mode) and 1.8e-2 (head dim 256, one H100, 2026-11-24).
 
 Two algorithms. ``"two_pass"`` (the default): a states kernel walks the chunks (one small
 matmul per step, ``two_pass.py``), then every chunk is a program of its own; the causal forward
@@ -384,7 +384,7 @@ def _normalised_cotangents(dy, y, den, eps, v):
     carry dden through the dq and dk scans as one more feature column, two for 16-bit v (dden in
     two 16-bit parts, ``bidirectional.two_parts_xla``, against two ones columns: bf16, L = 100,
     log-decay ~ U[-20, 0], dq's relative RMS error was 2.4e-2 with one part, docs/benchmarks.md,
-    the 2026-11-22 H100 run).
+    one H100, 2026-11-22).
 
     ``pairs = ([v | 1], [dnum | dden])`` in float32, dnum unrounded, for d log_decay's pair
     sums (float32 math; a sum of pair terms that cancel, so dnum's 16-bit rounding showed: bf16

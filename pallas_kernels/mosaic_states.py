@@ -34,7 +34,7 @@ With several V-blocks the "mma" z is split by rows among them (:func:`z_parts`):
 (Kp = 128, two V-blocks of 64) each walks a 64-row half, which took the wgmma's accumulator from
 252 to 217 registers; LION's two-way walks (H200, B4 H16 L = 16K) took 0.82 ms with all of z
 in one V-block and take 0.69 split, against 0.68-0.71 without z; weighted, with key scales,
-0.89 -> 0.78 ms (docs/benchmarks.md, the 2026-11-22 H200 run).
+0.89 -> 0.78 ms (docs/benchmarks.md, one H200, 2026-11-22).
 A 128 x 128 state with z spills registers: 1.49 (1.68) ms against 0.59 without and 1.15
 (1.50) for Triton, so walk such states in V-blocks of 64.
 

@@ -11,7 +11,8 @@ Same inputs, outputs and math as the sequential kernel (``chunk_scan.py``), in t
 
 The serial part is the states kernel, one small matmul per chunk. To fill the GPU when
 ``B * H * V-blocks`` is small and the state small (see ``pick_splits``), the chunks are cut
-into ``splits`` runs of equal length: a first states launch walks each run from a zero state and keeps only its end state; a scan over the
+into ``splits`` runs of equal length: a first states launch walks each run from a zero state and
+keeps only its end state; a scan over the
 runs in XLA (``splits`` steps of ``S = exp(run decay) S + end``) gives the state entering each
 run; the second states launch walks each run again from that state and stores h. Both launches
 are ``splits`` times shorter than one walk over all chunks.
@@ -50,7 +51,7 @@ STATES_WARPS = 4
 # on an H100 at D = 64 and 128 (0.97 vs 1.41 ms for the causal backward at D = 64, L = 16K)
 # and on an H200 (D = 128: causal 1.16 vs 2.08 ms, LION dk, dv 1.39 vs 1.93; num_stages 1-3
 # within 0.3%: one program per chunk has no loop to pipeline; `python -m
-# experiments.profile_kernels --settings`, docs/benchmarks.md, the 2026-11-22 H200 run).
+# experiments.profile_kernels --settings`, docs/benchmarks.md, one H200, 2026-11-22).
 BACKWARD_WARPS = 4
 # The V-block of every states walk (forward and backward passes; the output kernels may take
 # wider V-blocks of the same states): at D = 128 a 128 x 64 state walked faster than 128 x 128

@@ -96,7 +96,8 @@ def walk_inputs_reason(q, k, v, max_k):
     if not 1 <= v.shape[-1] <= 256:
         return f"v head dim must be in [1, 256]; got {v.shape[-1]}"
     if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        return f"q, k must be [B, L, H, K] and v [B, L, H, V] alike; got {q.shape}, {k.shape}, {v.shape}"
+        return (f"q, k must be [B, L, H, K] and v [B, L, H, V] alike; got {q.shape}, {k.shape}, "
+                f"{v.shape}")
     return None
 
 

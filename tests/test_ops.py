@@ -107,8 +107,9 @@ def test_reference_is_the_papers_formula(rng):
         qn, kn, vn, an = (np.asarray(x)[0, :, 0] for x in (q, k, v, a))
         A = np.cumsum(an)
         L = len(A)
-        M = np.array([[np.prod(np.exp(an[j + 1:i + 1])) if i >= j else np.prod(np.exp(an[i + 1:j + 1]))
-                       for j in range(L)] for i in range(L)])
+        M = np.array([[np.prod(np.exp(an[j + 1:i + 1])) if i >= j
+                        else np.prod(np.exp(an[i + 1:j + 1])) for j in range(L)]
+                      for i in range(L)])
         scores = (qn @ kn.T) * M
         expected = scores @ vn / (scores.sum(1, keepdims=True) + 1e-6)
         np.testing.assert_allclose(M, np.exp(-np.abs(A[:, None] - A[None, :])), rtol=1e-12)

@@ -25,7 +25,7 @@ TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3, jnp.float16: 5
 # kernels: chunk_scan.crossing_sums; the scan paths: pair_sums.py; per-feature decay: in-chunk
 # sums of its float32 scans plus the states at chunk ends, linear_attention._per_feature_bwd)
 # and meets TOL: no reverse cumsum over L of q.dq - k.dk, whose O(1) terms cancel (per
-# feature, bf16: 5.9e-3 that way; the 2026-11-24 H100 run).
+# feature, bf16: 5.9e-3 that way; one H100, 2026-11-24).
 # Normalised LION's dq, dk in bf16 are sums that cancel (the weights' cotangent has zero mean
 # under the weights): the kernels take the weights and their cotangent G * M in two 16-bit
 # parts (bidirectional.two_parts), which brought dq from up to 5.4e-3 to at most 3.5e-3
@@ -247,7 +247,7 @@ def test_half_precision(rng, dtype, op, K, V):
 # and zero-mean v. Every path meets TOL since 2026-11-24 (H100): per-feature d log_decay from pair
 # sums (was up to 5.9e-3), and LION's scan backwards take dq from float32 scans with y
 # recomputed in float32 for the sequential algorithm (dq was up to 7.7e-3 sequential, 5.5e-3
-# for V > 128; now <= 1.9e-3 over 10 seeds, docs/benchmarks.md, the 2026-11-24 H100 run).
+# for V > 128; now <= 1.9e-3 over 10 seeds, docs/benchmarks.md, one H100, 2026-11-24).
 # On an H100 on 2026-11-27 the three cases through linear_attention._normalised_cotangents
 # (V = 144 and the two sequential ones) failed with dk 0.82e-2 to 1.4e-2: XLA on the GPU had
 # dropped dnum's bf16 round trip, so dden did not match the dnum the scans see (fixed by

@@ -65,7 +65,8 @@ VARIANTS = {}
 for _task in glue.TASK_NAMES:
     VARIANTS[_task] = f"{glue.TASKS[_task].title}, M2-BASE recipe"
     for _recipe in ("m2_large", "bert24", "modified"):
-        VARIANTS[f"{_task}_{_recipe}"] = f"{glue.TASKS[_task].title}, {RECIPE_TITLES[_recipe]} recipe"
+        VARIANTS[f"{_task}_{_recipe}"] = (f"{glue.TASKS[_task].title}, "
+                                          f"{RECIPE_TITLES[_recipe]} recipe")
 VARIANTS["tiny"] = ("seconds-long test run: SST-2 layout, 1-layer width-16 encoder (the MLM "
                     "tiny one), 32-token rows, 16 steps")
 VARIANTS["tiny_stsb"] = "the tiny run on STS-B (regression)"

@@ -47,8 +47,8 @@ VARIANTS = {
     "bert_large": "BERT-LARGE baseline (peak learning rate 2e-4)",
     "lit_large": "LION-LIT BERT-LARGE (peak learning rate 2e-4)",
     "retnet_large": "LION-RETNET BERT-LARGE (peak learning rate 2e-4)",
-    "small": "a short GPU run (untimed): LION-S, 4 layers of width 256, 128-token rows of the embedded "
-             "corpus, 3000 steps of 128 (for the length check: eval_length at 128..512)",
+    "small": "a short GPU run (untimed): LION-S, 4 layers of width 256, 128-token rows of the "
+             "embedded corpus, 3000 steps of 128 (for the length check: eval_length at 128..512)",
     "small_bert": "the small run with softmax attention and BERT's 512 learned positions "
                   "(those past the 128 of training stay untrained, as in the paper's BERT)",
     "tiny": "seconds-long run for tests: 1-layer width-16 LION-S on 32-token rows, 4 steps",

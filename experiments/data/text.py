@@ -175,9 +175,10 @@ def load_text(split, *, source="tfds", data_dir="", max_length=MAX_LENGTH, val_f
     common.check_max_length(max_length)
     common.check_holdout(val_fraction, seed)
     raw = "train" if split == "train" or (split == "val" and val_fraction > 0) else "test"
-    key = dict(source=source, data_dir=common.abs_dir(data_dir), split=raw, max_length=int(max_length),
-               version=_VERSION)
-    d = common.cached(cache_dir, f"text_{raw}", key, lambda: _build(source, data_dir, raw, max_length))
+    key = dict(source=source, data_dir=common.abs_dir(data_dir), split=raw,
+               max_length=int(max_length), version=_VERSION)
+    d = common.cached(cache_dir, f"text_{raw}", key,
+                      lambda: _build(source, data_dir, raw, max_length))
     flat, lengths, labels = d["flat"], d["lengths"], d["labels"]
     if raw == "train" and val_fraction > 0:
         rows = common.holdout(labels.size, val_fraction, seed)[split == "val"]
