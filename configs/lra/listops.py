@@ -7,8 +7,8 @@ paper, following the guidelines from the S5 GitHub repository"; AdamW, initial l
 5e-4, cosine schedule; query, key and selective-gate weights initialised N(0, 0.1^2); a
 selective decay per value feature (C.7) with a HiPPO-initialised non-selective part and a
 ZOH-initialised W_v (configs/common.py: lra_lion_s_mixer). What D.2 leaves open is taken from
-S5's ListOps script (lindermanlab/S5
-bin/run_experiments/run_lra_listops.sh): d_model 128, 8 layers, batch 50, 40 epochs, weight
+S5's ListOps script (lindermanlab/S5 bin/run_experiments/run_lra_listops.sh): d_model 128, 8
+layers, batch 50, 40 epochs, weight
 decay 0.04, 1 epoch of linear warmup, no dropout, mean pooling. Not from either source, our
 choices: 8 heads (S5's 8 HiPPO blocks), MLP width 2 * d_model, LayerNorm (S5 uses BatchNorm),
 no positional embedding (LION-S needs none; its decay orders the tokens). Data: LRA ListOps
@@ -16,8 +16,7 @@ generated locally, 96k/2k/2k, lengths 500-2000 (+ EOS), max depth 10, up to 10 a
 Training batches hold examples of similar lengths and are cut to their longest example rounded
 up to 256 tokens (``config.batch_length_multiple``; 0: every batch padded to 2000): the lengths
 average about 1,040 (docs/benchmarks.md), so a batch padded to 2000 computes mostly padding. The
-model, batch size and
-per-example math are unchanged; only which examples share a batch differs.
+model, batch size and per-example math are unchanged; only which examples share a batch differs.
 
 The dataset is generated once (about 25 s on the 16 cores of an H100 host) and cached in
 ``config.data.cache_dir`` (default ``~/.cache/lion_jax/listops``; the file name encodes the

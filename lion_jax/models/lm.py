@@ -33,17 +33,16 @@ Architectures (``arch``), token mixer / channel mixer / block norm:
 gate; ``{"gate": "linear"}`` is the TNL paper's; HGRN2 and cosFormer2: SRMSNorm after the
 mixer); ``norm`` overrides the block norm. With these defaults the parameter counts are Table
 7's (LLaMA, TNL, HGRN2 within 0.1M; cosFormer2 0.1-0.9M under the printed counts, digest 2.3).
-Sizes: :data:`SIZES` (the digest's
-reconciled Table 7 configurations, vocabulary 100,280) and :func:`lm_size`.
+Sizes: :data:`SIZES` (the digest's reconciled Table 7 configurations, vocabulary 100,280) and
+:func:`lm_size`.
 
 Decoding (:mod:`lion_jax.generate`): ``model(tokens, state=None, offset=0,
-return_state=False)``; ``state`` is ``{"layers": [one mixer state per block], "tpe": ...}``
-(the TPE's only for cosFormer2 and LightNet), as a previous call with ``return_state=True``
-returned it, and ``offset`` the position of ``tokens[:, 0]``. A prefill and continuation calls
-give the logits
-of the full forward. A mixer's state is LLaMA's KV cache, or a linear mixer's recurrent state
-``S``, or with ``kv_cache=True`` a linear mixer's KV cache (:class:`lion_jax.ops.KVCache`, of
-capacity ``max_len``: the same outputs by attention to every token seen).
+return_state=False)``; ``state`` is ``{"layers": [one mixer state per block], "tpe": ...}`` (the
+TPE's only for cosFormer2 and LightNet), as a previous call with ``return_state=True`` returned
+it, and ``offset`` the position of ``tokens[:, 0]``. A prefill and continuation calls give the
+logits of the full forward. A mixer's state is LLaMA's KV cache, or a linear mixer's recurrent
+state ``S``, or with ``kv_cache=True`` a linear mixer's KV cache (:class:`lion_jax.ops.KVCache`,
+of capacity ``max_len``: the same outputs by attention to every token seen).
 """
 
 from typing import Any, Mapping
