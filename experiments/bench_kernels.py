@@ -12,7 +12,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             non-normalised (pallas_lion_plain); the causal op with per-feature decay
             [B, L, H, K] (pallas_causal_per_feature; with these log-decays, in [-0.1, 0],
             every chunk of 64 sums to >= -6.4 and takes the one-product path of
-            pallas_kernels/per_feature.py, where chunks of stronger decay walk)
+            pallas_kernels/per_feature.py, where chunks of stronger decay walk), and the same
+            with its backward's float32 scan products as one TF32 pass instead of three bf16
+            ones (pallas_causal_per_feature_tf32: the A/B of :func:`per_feature_products`)
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
@@ -36,6 +38,7 @@ fully tuned). Needs a GPU (and torch + fla-core for the FLA rows).
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -103,6 +106,27 @@ def causal_per_feature(q, k, v, g):
                                                   jnp.broadcast_to(g[..., None], q.shape))
 
 
+@contextlib.contextmanager
+def per_feature_products(preset):
+    """The per-feature backward's float32 scan products for 16-bit inputs
+    (``pallas_kernels.linear_attention.FLOAT32_X3``, read when the op is traced) as ``preset``
+    while an op is traced, compiled and timed inside; JAX's caches are cleared on entry and
+    exit, so no trace of the other preset is reused."""
+    from pallas_kernels import linear_attention
+    default = linear_attention.FLOAT32_X3
+    jax.clear_caches()
+    linear_attention.FLOAT32_X3 = preset
+    try:
+        yield
+    finally:
+        linear_attention.FLOAT32_X3 = default
+        jax.clear_caches()
+
+
+# cases timed under per_feature_products(preset)
+PRODUCTS = {"pallas_causal_per_feature_tf32": jax.lax.DotAlgorithmPreset.TF32_TF32_F32}
+
+
 def jax_cases(quick):
     """{name: fn(q, k, v, g)} for the JAX ops of this shape (g: [B, L, H] log-decays)."""
     cases = {}
@@ -120,6 +144,7 @@ def jax_cases(quick):
     cases["pallas_lion_plain"] = lambda q, k, v, g: (  # non-normalised (LION-RETNET's form)
         pallas_kernels.bidirectional_linear_attention(q, k, v, g, normalize=False))
     cases["pallas_causal_per_feature"] = causal_per_feature
+    cases["pallas_causal_per_feature_tf32"] = causal_per_feature  # PRODUCTS
     cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),
@@ -235,10 +260,17 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
             return out, vjp(jdy)
         return run
 
+    def timer(name, f):
+        def timed():
+            with (per_feature_products(PRODUCTS[name]) if name in PRODUCTS
+                  else contextlib.nullcontext()):
+                return time_jax(f, (jq, jk, jv, jg), reps)
+        return timed
+
     for name, fn in jax_cases(quick).items():
         fwd_bwd = with_grads(fn)
         for kind, f in (("fwd", fn), ("fwd+bwd", fwd_bwd)):
-            if not measure(name, kind, lambda f=f: time_jax(f, (jq, jk, jv, jg), reps)):
+            if not measure(name, kind, timer(name, f)):
                 return
 
     cases = torch_cases()
@@ -372,7 +404,8 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     (f"pallas_lion_{a}", peer) for a in ("seq", "2pass")
     for peer in ("cudnn_full", "xla_chunk_lion")] + [
     ("pallas_causal_2pass", "jla_simple_gla"), ("pallas_causal_seq", "jla_simple_gla"),
-    ("pallas_causal_per_feature", "jla_gla"), ("pallas_lion_plain", "jla_lion_2pass"),
+    ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
+    ("pallas_lion_plain", "jla_lion_2pass"),
     ("pallas_lion_plain", "cudnn_full")]
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op
 COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}") for a in ("2pass", "seq", "2pass_triton")]
