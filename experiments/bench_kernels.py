@@ -144,7 +144,7 @@ def jax_cases(quick):
     cases["pallas_lion_plain"] = lambda q, k, v, g: (  # non-normalised (LION-RETNET's form)
         pallas_kernels.bidirectional_linear_attention(q, k, v, g, normalize=False))
     cases["pallas_causal_per_feature"] = causal_per_feature
-    cases["pallas_causal_per_feature_tf32"] = causal_per_feature  # PRODUCTS
+    cases.update({name: causal_per_feature for name in PRODUCTS})  # traced under their preset
     cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),

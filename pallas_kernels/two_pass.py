@@ -9,8 +9,8 @@ Same inputs, outputs and math as the sequential kernel (``chunk_scan.py``), in t
     outputs (grid B, H, N, V-blocks, every chunk its own program):
               O_n = chunk_output(Q_n, K_n, V_n, a_n, h[n])
 
-The serial part is the states kernel, one small matmul per chunk. To fill the GPU when ``B * H *
-V-blocks`` is small and the state small (see ``pick_splits``), the chunks are cut into
+The serial part is the states kernel, one small matmul per chunk. To fill the GPU when
+``B * H * V-blocks`` is small and the state small (see ``pick_splits``), the chunks are cut into
 ``splits`` runs of equal length: a first states launch walks each run from a zero state and
 keeps only its end state; a scan over the runs in XLA (``splits`` steps of ``S = exp(run decay)
 S + end``) gives the state entering each run; the second states launch walks each run again from

@@ -199,11 +199,11 @@ class LionAttention(nn.Module):
         normalised variants only.
       input_gate_cap: soft cap of ``xlstm``'s log input gate.
       gate_products: ``"float32"`` or ``"compute"``: the products of the decay and input
-        gates' projections (the precision paragraph above). With a 16-bit ``dtype``,
-        ``"compute"`` runs them on the tensor cores and skips a float32 copy of the tokens:
-        ViT-T's LION-S train step at 224 px, batch 256, one H200 (2026-11-30) took 19.49 ms
-        with bf16 gate products against 19.81 with float32 ones (docs/benchmarks.md, "What
-        LION-S's pieces cost").
+        gates' projections (the precision paragraph above; with ``dtype`` None both are
+        float32). A script's bf16 gate of the same kind took ViT-T's LION-S train step at
+        224 px, batch 256, from 19.81 to 19.49 ms on one H200 (2026-11-30, docs/benchmarks.md,
+        "What LION-S's pieces cost"); this switch itself is timed by ``python -m
+        experiments.bench_vision --lion_models s,s_gate32``, not yet run.
       init_std: std of a Gaussian init for the query, key and gate kernels (the paper's LRA
         recipe, Appendix D.2, uses 0.1); None = lecun normal.
       rope_base: None, or RoPE's frequency base for rotated scores (above; bidirectional,
