@@ -30,7 +30,9 @@ r"""Speed and memory of the LION ViTs against ViT (paper Table 15 and Figure 3 c
 Every side is timed the same way: the median of 5 samples of ``--calls`` calls back to back
 with one sync each, after a warm-up call (in rounds for the train steps, as above; one side
 after the other for inference, ``bench_value_decay.timed``). Prints the tables;
-with ``--out`` writes ``table.md`` and ``plot.png``. Needs a GPU.
+with ``--out`` writes ``table.md``, ``train_step.png`` (the train-step medians as bars) and
+``plot.png`` (inference speed and memory against resolution), each for the part that ran.
+Needs a GPU.
 """
 
 import contextlib
@@ -65,7 +67,7 @@ INFER_IMPLS = ("attention", "chunk", "pallas", "recurrent")
 
 
 def define_flags():
-    flags.DEFINE_string("out", None, "Directory for table.md and plot.png.")
+    flags.DEFINE_string("out", None, "Directory for table.md, train_step.png and plot.png.")
     flags.DEFINE_string("size", "tiny", "ViT size: tiny, small or base.")
     flags.DEFINE_integer("train_batch", 256, "Batch of the train-step timing.")
     flags.DEFINE_integer("infer_batch", 128, "Batch of the inference timing.")
@@ -261,6 +263,8 @@ def markdown(device, size, train, train_batch, names, results, resolutions, infe
             lines.append(f"| {n} | {ms[0]:.2f} | {ms[1]:.2f} | {ratios[0]} | {ratios[1]} | "
                          f"{ms[2]:.0f} |")
         lines.append("")
+    if not names:
+        return "\n".join(lines) + "\n"
     lines += [f"Inference, batch {infer_batch}: images/s (compiled memory, MiB)", "",
               "| model | " + " | ".join(f"{r} px" for r in resolutions) + " |",
               "| --- |" + " --- |" * len(resolutions)]
@@ -296,6 +300,26 @@ def two_panels(path, names, results, xs, *, xlabel, speed_label, xscale="linear"
 def plot(path, names, results, resolutions):
     two_panels(path, names, results, resolutions, xlabel="resolution (px)",
                speed_label="images / s")
+
+
+def plot_train(path, train):
+    """The train-step table's medians as horizontal bars (ms), fastest sample as a tick; a side
+    that did not run is left out."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [(n, ms) for n, ms in train if not isinstance(ms, str)]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    ys = range(len(rows))
+    ax.barh(ys, [ms[0] for _, ms in rows], color="tab:blue", label="median")
+    ax.plot([ms[1] for _, ms in rows], ys, "k|", markersize=14, label="fastest")
+    ax.set_yticks(list(ys), [n for n, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="train step at 224 px (ms)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv):
@@ -339,7 +363,10 @@ def main(argv):
         os.makedirs(FLAGS.out, exist_ok=True)
         with open(os.path.join(FLAGS.out, "table.md"), "w") as f:
             f.write(table)
-        plot(os.path.join(FLAGS.out, "plot.png"), names, results, resolutions)
+        if names:
+            plot(os.path.join(FLAGS.out, "plot.png"), names, results, resolutions)
+        if train:
+            plot_train(os.path.join(FLAGS.out, "train_step.png"), train)
 
 
 if __name__ == "__main__":

@@ -59,3 +59,12 @@ def test_timed_in_rounds_and_the_train_table():
     table = bench_vision.markdown("CPU", "tiny", train, 4, [], {}, [], 2, 3)
     assert "| LION-S | 12.00 | 9.00 | 1.20x | 1.12x | 101 |" in table
     assert "| LION-D | out of memory | | | | |" in table
+    assert "Inference" not in table  # no inference sides ran: no empty table
+
+
+def test_train_step_plot(tmp_path):
+    train = [("ViT (cuDNN flash softmax)", (10.0, 8.0, 30.0)), ("LION-S", (12.0, 9.0, 101.4)),
+             ("LION-D", "out of memory")]
+    path = tmp_path / "train_step.png"
+    bench_vision.plot_train(str(path), train)
+    assert path.stat().st_size > 1000
