@@ -11,7 +11,7 @@ import pytest
 from lion_jax.layers import (LionAttention, Mlp, ResidualBlock, SoftmaxAttention,
                              get_feature_map, make_mixer)
 from lion_jax.layers.hippo import hippo_log_decays, hippo_normal, zoh_value_scales
-from lion_jax.layers.lion import decay_logits
+from lion_jax.layers.lion import _rounded_products, decay_logits
 
 B, L, D, H, K, V = 2, 13, 16, 2, 4, 6  # odd length, K != V
 CHUNK = 4  # does not divide L
@@ -527,6 +527,40 @@ def test_gate_products_in_the_compute_dtype(rng, variant):
     expected = -np.logaddexp(0.0, -z)  # log sigmoid
     np.testing.assert_allclose(log_decay, expected, rtol=1e-5, atol=1e-7)
     assert 1e-9 < rel_err(log_decay, log_decay32) < 2e-2  # the kernel's rounding, not more
+
+
+def test_rounded_products_backward_in_the_compute_dtype(rng):
+    """``gate_products="compute"``'s products: the backward rounds the float32 cotangent to
+    bf16 and multiplies bf16 operands only (no float32 GEMM), returning float32 cotangents
+    for float32 primals that match the float64 products of the rounded operands."""
+    n, d, f = int(rng.integers(20, 40)), int(rng.integers(5, 12)), int(rng.integers(2, 5))
+    x = jnp.asarray(normal(rng, n, d), jnp.float32)
+    w = jnp.asarray(normal(rng, d, f), jnp.float32)
+    g = jnp.asarray(normal(rng, n, f), jnp.float32)
+    dn = (((1,), (0,)), ((), ()))
+
+    def vjp(x, w, g):
+        y, back = jax.vjp(lambda x, w: _rounded_products(x, w, dn, dtype=jnp.bfloat16), x, w)
+        return (y, *back(g))
+    def eqns(jaxpr):  # every equation, those of nested jaxprs (jit, custom_vjp) too
+        for e in jaxpr.eqns:
+            yield e
+            for p in e.params.values():
+                for sub in p if isinstance(p, (list, tuple)) else [p]:
+                    sub = getattr(sub, "jaxpr", sub)
+                    if hasattr(sub, "eqns"):
+                        yield from eqns(sub)
+    dots = [e for e in eqns(jax.make_jaxpr(vjp)(x, w, g).jaxpr)
+            if e.primitive.name == "dot_general"]
+    assert len(dots) >= 3
+    assert all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+    y, dx, dw = vjp(x, w, g)
+    assert (y.dtype, dx.dtype, dw.dtype) == (jnp.float32,) * 3
+    r = lambda a: np.asarray(jnp.asarray(a).astype(jnp.bfloat16), np.float64)  # noqa: E731
+    np.testing.assert_allclose(y, r(x) @ r(w), rtol=1e-5, atol=1e-6)
+    assert rel_err(dx, r(g) @ r(w).T) < 1e-2  # bf16 outputs of the transposed products
+    assert rel_err(dw, r(x).T @ r(g)) < 1e-2
+    assert np.all(np.isfinite(np.asarray(dx))) and np.all(np.isfinite(np.asarray(dw)))
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -65,9 +65,34 @@ def _constant_init(values: np.ndarray):
 
 def _rounded_products(x, w, dimension_numbers, precision=None, *, dtype):
     """``lax.dot_general`` of ``x`` and ``w`` rounded to ``dtype``, accumulated and returned
-    in float32 (``gate_products="compute"``)."""
-    return jax.lax.dot_general(x.astype(dtype), w.astype(dtype), dimension_numbers,
-                               precision=precision, preferred_element_type=jnp.float32)
+    in float32 (``gate_products="compute"``); the backward's products as
+    :func:`_float32_products` says."""
+    return _float32_products(x.astype(dtype), w.astype(dtype), dimension_numbers, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _float32_products(a, b, dimension_numbers, precision):
+    """``lax.dot_general(a, b)`` of two operands in one 16-bit dtype, returned in float32.
+    Its backward rounds the float32 cotangent to that dtype and takes the two transposed
+    products in it (float32 accumulation inside the matmul, as every other 16-bit projection's
+    backward): JAX's own VJP would multiply the float32 cotangent with the 16-bit operands as
+    float32 GEMMs and convert the results."""
+    return jax.lax.dot_general(a, b, dimension_numbers, precision=precision,
+                               preferred_element_type=jnp.float32)
+
+
+def _float32_products_fwd(a, b, dimension_numbers, precision):
+    return _float32_products(a, b, dimension_numbers, precision), (a, b)
+
+
+def _float32_products_bwd(dimension_numbers, precision, residuals, g):
+    a, b = residuals
+    _, vjp = jax.vjp(lambda a, b: jax.lax.dot_general(a, b, dimension_numbers,
+                                                      precision=precision), a, b)
+    return vjp(g.astype(a.dtype))
+
+
+_float32_products.defvjp(_float32_products_fwd, _float32_products_bwd)
 
 
 class LionAttention(nn.Module):
@@ -166,7 +191,9 @@ class LionAttention(nn.Module):
     float32 whatever ``dtype``; ``q, k`` are then cast to the compute dtype for the op, which
     accumulates in float32. ``gate_products="compute"`` makes the gates' projections take the
     tokens and kernels as the compute dtype rounds them (as every other projection does),
-    accumulated and returned in float32, with the bias and activation in float32.
+    accumulated and returned in float32, with the bias and activation in float32; their
+    backward takes the gates' cotangents rounded to the compute dtype, as every other
+    projection's backward does.
 
     Attributes:
       num_heads: ``H``. head_dim: ``K``, the query/key width. value_dim: ``V`` (default ``K``).
@@ -200,10 +227,10 @@ class LionAttention(nn.Module):
       input_gate_cap: soft cap of ``xlstm``'s log input gate.
       gate_products: ``"float32"`` or ``"compute"``: the products of the decay and input
         gates' projections (the precision paragraph above; with ``dtype`` None both are
-        float32). A script's bf16 gate of the same kind took ViT-T's LION-S train step at
-        224 px, batch 256, from 19.81 to 19.49 ms on one H200 (2026-11-30, docs/benchmarks.md,
-        "What LION-S's pieces cost"); this switch itself is timed by ``python -m
-        experiments.bench_vision --lion_models s,s_gate32``, not yet run.
+        float32). ``python -m experiments.bench_vision --lion_models s,s_gate32`` times the
+        two; on one H200 (2026-12-02, with the forward's products alone in the compute
+        dtype) ViT-T's LION-S train step at 224 px took 18.23 ms with ``"compute"`` and 18.28
+        with ``"float32"`` (docs/benchmarks.md, "Train step at 224 px").
       init_std: std of a Gaussian init for the query, key and gate kernels (the paper's LRA
         recipe, Appendix D.2, uses 0.1); None = lecun normal.
       rope_base: None, or RoPE's frequency base for rotated scores (above; bidirectional,
