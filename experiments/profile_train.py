@@ -15,7 +15,9 @@ Builds the task and the jitted train step exactly as the trainer does (one devic
    most expensive ops.
 
 Prints the tables (ms per step) and, with ``--out``, writes them as JSON (with every op's time
-too, ``all_ops``) and keeps the trace.
+too, ``all_ops``, and the op_name metadata of the instructions behind each, ``op_sources``),
+the compiled step's optimised HLO (``step.hlo.txt``, where a fusion's name leads to its ops),
+and keeps the trace.
 """
 
 import collections
@@ -76,10 +78,14 @@ def module_group(op_name):
     return "other (loss, optimizer, glue)"
 
 
-def op_kind(hlo_op, custom_call_target=""):
-    for kind, pattern in KIND_PATTERNS:
-        if pattern.search(hlo_op) or pattern.search(custom_call_target):
-            return kind
+def op_kind(hlo_op, op_name=""):
+    """The kind of an op from its instruction or kernel name, else from the JAX primitive
+    that made it (the last part of its op_name: ``dot_general``, ``pallas_call``, ...). Not
+    from the rest of the op_name: a backward op's path starts ``transpose(jvp(...))``."""
+    for text in (hlo_op, op_name.rsplit("/", 1)[-1]):
+        for kind, pattern in KIND_PATTERNS:
+            if pattern.search(text):
+                return kind
     return "other"
 
 
@@ -114,16 +120,23 @@ def device_events(trace_dir):
 def summarize(events, names, steps, top=15):
     """Three ``{name: ms per step}`` tables: by module group, by kind, and the ``top`` ops
     (numbered copies of one fusion or kernel counted together, named with their group; every
-    op with ``top=None``)."""
+    op with ``top=None``); and ``{op: [op_name metadata]}``, the sources of each op of the
+    third table (the jitted calls and primitives its instructions came from; empty where the
+    trace names a kernel and not an instruction, as inside XLA's command buffers)."""
     by_group, by_kind, by_op = (collections.Counter() for _ in range(3))
+    sources = collections.defaultdict(set)
     for op, duration_ns in events:
         ms = duration_ns / 1e6 / steps
         group = module_group(names.get(op, ""))
         by_group[group] += ms
         by_kind[op_kind(op, names.get(op, ""))] += ms
-        by_op[f"{re.sub(r'[._]\d+$', '', op)[:40]} ({group})"] += ms
-    return (dict(by_group.most_common()), dict(by_kind.most_common()),
-            dict(by_op.most_common(top)))
+        key = f"{re.sub(r'[._]\d+$', '', op)[:40]} ({group})"
+        by_op[key] += ms
+        if op in names:
+            sources[key].add(names[op])
+    by_op = dict(by_op.most_common(top))
+    return (dict(by_group.most_common()), dict(by_kind.most_common()), by_op,
+            {key: sorted(sources[key]) for key in by_op})
 
 
 def _print_table(title, table, total):
@@ -148,7 +161,8 @@ def main(argv):
     batches = task.train_batches(config.batch_size, config.seed)
     fixed = [sharding.put_batch(next(batches), data_sharding) for _ in range(4)]
     lowered = step_fn.lower(state, fixed[0])
-    names = op_names(lowered.compile().as_text())
+    hlo_text = lowered.compile().as_text()
+    names = op_names(hlo_text)
 
     for batch in fixed * 2:  # every shape compiled (length-bucketed batches differ), also for
         state, metrics = step_fn(state, batch)  # the state the steps return (placed on device)
@@ -169,8 +183,8 @@ def main(argv):
         for i in range(FLAGS.steps):
             state, metrics = step_fn(state, fixed[i % 4])
         jax.block_until_ready(metrics)
-    by_group, by_kind, all_ops = summarize(device_events(trace_dir), names, FLAGS.steps,
-                                           top=None)
+    by_group, by_kind, all_ops, sources = summarize(device_events(trace_dir), names,
+                                                    FLAGS.steps, top=None)
     by_op = dict(list(all_ops.items())[:15])  # most expensive first
     device_ms = sum(by_group.values())
 
@@ -185,8 +199,10 @@ def main(argv):
             json.dump({"device": jax.devices()[0].device_kind, "step_ms": step_ms,
                        "host_ms": host_ms, "device_ms": device_ms, "by_module": by_group,
                        "by_kind": by_kind, "top_ops": by_op,
-                       "all_ops": all_ops,
+                       "all_ops": all_ops, "op_sources": sources,
                        "argv": sys.argv}, f, indent=1)
+        with open(os.path.join(FLAGS.out, "step.hlo.txt"), "w") as f:
+            f.write(hlo_text)
 
 
 if __name__ == "__main__":
