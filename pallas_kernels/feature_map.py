@@ -14,6 +14,10 @@ whole rows, so the forward reads ``x`` once and writes ``f``, and the backward r
 (the exact derivative of the map, ``eps`` included), so the result is
 :func:`lion_jax.layers.feature_maps.silu_l2` (``shift=0.5``) or ``silu_l2_noshift``
 (``shift=0``) to float32 rounding. Columns past the head dim are masked out of the norm.
+
+``keep`` (a bool per row) zeroes the rows it marks False, and their gradient: a padded
+token's key in ``LionAttention``, where XLA would otherwise take a select over the whole
+output forward and over its cotangent backward.
 """
 
 import dataclasses
@@ -50,23 +54,31 @@ class _Config:
     out_dtype: object
     interpret: bool
 
-    def call(self, kernel, name, args, out_dtype):
-        """One launch over ``[N, K]`` arrays, ``ROWS`` rows per program, one output."""
+    def call(self, kernel, name, args, keep, out_dtype):
+        """One launch over ``[N, K]`` arrays, ``ROWS`` rows per program, one output;
+        ``keep``: None or the rows' ``[N]`` int8 flags."""
         width = _next_pow2(max(self.dim, 16))
         spec = pl.BlockSpec((ROWS, width), lambda i: (i, 0))
+        in_specs = [spec] * len(args)
+        if keep is not None:
+            args, in_specs = [*args, keep], in_specs + [pl.BlockSpec((ROWS,), lambda i: (i,))]
         kernel = functools.partial(kernel, rows=self.rows, dim=self.dim, shift=self.shift,
                                    eps=self.eps)
         return pl.pallas_call(
-            kernel, grid=(-(-self.rows // ROWS),), in_specs=[spec] * len(args),
+            kernel, grid=(-(-self.rows // ROWS),), in_specs=in_specs,
             out_specs=spec, out_shape=jax.ShapeDtypeStruct((self.rows, self.dim), out_dtype),
             compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
             interpret=self.interpret, name=name)(*args)
 
 
-def _valid(ref, rows, dim):
-    """``[ROWS, width]`` mask of this program's entries inside ``[rows, dim]``."""
+def _valid(ref, rows, dim, keep_ref=None):
+    """``[ROWS, width]`` mask of this program's entries inside ``[rows, dim]`` (and in the rows
+    ``keep_ref`` flags, when given)."""
     row = pl.program_id(0) * ROWS + jnp.arange(ROWS)
-    return (row < rows)[:, None] & (jnp.arange(ref.shape[-1]) < dim)[None, :]
+    ok = row < rows
+    if keep_ref is not None:
+        ok = ok & (pltriton.load(keep_ref, mask=ok, other=0) != 0)
+    return ok[:, None] & (jnp.arange(ref.shape[-1]) < dim)[None, :]
 
 
 def _load(ref, valid):
@@ -81,42 +93,45 @@ def _features(x, valid, shift, eps):
     return u * r, r, sig
 
 
-def _forward_kernel(x_ref, f_ref, *, rows, dim, shift, eps):
-    valid = _valid(x_ref, rows, dim)
+def _forward_kernel(x_ref, *refs, rows, dim, shift, eps):
+    keep_ref, f_ref = refs if len(refs) == 2 else (None, refs[0])
+    valid = _valid(x_ref, rows, dim, keep_ref)
     f, _, _ = _features(_load(x_ref, valid), valid, shift, eps)
-    pltriton.store(f_ref, f.astype(f_ref.dtype), mask=valid)
+    pltriton.store(f_ref, f.astype(f_ref.dtype), mask=_valid(x_ref, rows, dim))  # dropped: 0
 
 
-def _backward_kernel(x_ref, g_ref, dx_ref, *, rows, dim, shift, eps):
-    valid = _valid(x_ref, rows, dim)
+def _backward_kernel(x_ref, g_ref, *refs, rows, dim, shift, eps):
+    keep_ref, dx_ref = refs if len(refs) == 2 else (None, refs[0])
+    valid = _valid(x_ref, rows, dim, keep_ref)
     x = _load(x_ref, valid)
     g = _load(g_ref, valid)
     f, r, sig = _features(x, valid, shift, eps)
     du = r * (g - f * jnp.sum(f * g, axis=1, keepdims=True))
-    dx = du * sig * (1.0 + x * (1.0 - sig))
-    pltriton.store(dx_ref, dx.astype(dx_ref.dtype), mask=valid)
+    dx = du * sig * (1.0 + x * (1.0 - sig))  # zero in dropped rows: x and g load as zeros
+    pltriton.store(dx_ref, dx.astype(dx_ref.dtype), mask=_valid(x_ref, rows, dim))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _map(x, cfg):
-    return cfg.call(_forward_kernel, "silu_l2_forward", [x], cfg.out_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _map(x, keep, cfg):
+    return cfg.call(_forward_kernel, "silu_l2_forward", [x], keep, cfg.out_dtype)
 
 
-def _map_fwd(x, cfg):
-    return _map(x, cfg), x
+def _map_fwd(x, keep, cfg):
+    return _map(x, keep, cfg), (x, keep)
 
 
-def _map_bwd(cfg, x, g):
-    return (cfg.call(_backward_kernel, "silu_l2_backward", [x, g], x.dtype),)
+def _map_bwd(cfg, residuals, g):
+    x, keep = residuals
+    return cfg.call(_backward_kernel, "silu_l2_backward", [x, g], keep, x.dtype), None
 
 
 _map.defvjp(_map_fwd, _map_bwd)
 # jitted with its static layout, so that a model's layers of one shape share one trace and
 # one lowering of the kernels (pallas_kernels/__init__.py, "Lowered once")
-_map_once = jax.jit(_map, static_argnums=(1,))
+_map_once = jax.jit(_map, static_argnums=(2,))
 
 
-def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, interpret=None):
+def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, keep=None, interpret=None):
     """``(silu(x) + shift) / sqrt(||silu(x) + shift||^2 + eps)`` over the last axis, computed
     in float32 (module docstring).
 
@@ -125,6 +140,8 @@ def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, interpret=None):
       shift: 0.5 for ``silu_l2``, 0 for ``silu_l2_noshift``.
       eps: added to the squared norm (``lion_jax.layers.feature_maps``' value by default).
       out_dtype: the output's dtype (None: x's); the gradient is in x's.
+      keep: None, or a bool array broadcastable to ``x.shape[:-1]``: rows where it is False
+        come out as zeros, with zero gradient.
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
     Returns:
       ``[..., K]`` in ``out_dtype``, differentiable in x.
@@ -138,4 +155,11 @@ def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, interpret=None):
         interpret = jax.default_backend() == "cpu"
     cfg = _Config(x.size // x.shape[-1], x.shape[-1], float(shift), float(eps),
                   jnp.dtype(out_dtype or x.dtype), bool(interpret))
-    return _map_once(x.reshape(cfg.rows, cfg.dim), cfg).reshape(x.shape)
+    if keep is not None:
+        try:
+            keep = jnp.broadcast_to(jnp.asarray(keep), x.shape[:-1])
+        except ValueError:
+            raise ValueError(f"silu_l2: keep must broadcast to x.shape[:-1] = {x.shape[:-1]}; "
+                             f"got {jnp.shape(keep)}") from None
+        keep = keep.astype(jnp.int8).reshape(cfg.rows)
+    return _map_once(x.reshape(cfg.rows, cfg.dim), keep, cfg).reshape(x.shape)

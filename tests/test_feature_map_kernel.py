@@ -75,33 +75,59 @@ def test_out_dtype_and_bad_inputs(rng):
         feature_map.silu_l2(jnp.zeros((2, 3), jnp.int32))
 
 
+def test_keep_zeroes_rows_and_their_gradient(rng):
+    """``keep``: the rows it drops come out as zeros with zero gradient, the others as
+    without it; a ``keep`` that does not broadcast is one error line."""
+    x = jnp.asarray(rng.standard_normal((3, 41, 2, 24)), jnp.bfloat16)
+    g = jnp.asarray(rng.standard_normal(x.shape), jnp.bfloat16)
+    keep = rng.random((3, 41, 1)) < 0.7
+    y, dx = value_and_grad(lambda x: feature_map.silu_l2(x, keep=keep), x, g)
+    y_all, dx_all = value_and_grad(feature_map.silu_l2, x, g)
+    rows = np.broadcast_to(keep, x.shape[:-1])
+    assert not np.any(np.asarray(y, np.float32)[~rows])
+    assert not np.any(np.asarray(dx, np.float32)[~rows])
+    np.testing.assert_array_equal(np.asarray(y)[rows], np.asarray(y_all)[rows])
+    np.testing.assert_array_equal(np.asarray(dx)[rows], np.asarray(dx_all)[rows])
+    with pytest.raises(ValueError, match="silu_l2: keep must broadcast to"):
+        feature_map.silu_l2(x, keep=np.ones((3, 40), bool))
+
+
 def test_kernel_feature_map_is_for_gpus_and_l2_maps():
     assert feature_maps.kernel_feature_map("elu1") is None
     assert (feature_maps.kernel_feature_map("silu_l2") is not None) == ON_GPU
 
 
-@pytest.mark.parametrize("kwargs,kernel_runs", [
-    (dict(), True), (dict(impl="chunk"), False), (dict(normalize=False), False),
-    (dict(dtype=jnp.float32), False)])
+@pytest.mark.parametrize("kwargs,kernel_runs,padded", [
+    (dict(), True, False), (dict(), True, True), (dict(impl="chunk"), False, False),
+    (dict(normalize=False), False, False), (dict(dtype=jnp.float32), False, True)])
 def test_lion_attention_takes_the_kernel_where_only_the_op_follows(rng, monkeypatch, kwargs,
-                                                                   kernel_runs):
+                                                                   kernel_runs, padded):
     """With the kernel offered (as on a GPU; here the interpreter), a bf16 LION-S layer
     (``impl="auto"``, SCALE) runs it and agrees with the XLA map's layer, output and
-    parameter gradients, at bf16's tolerance; other impls, no SCALE or a float32 compute
-    dtype keep the XLA map."""
+    parameter gradients, at bf16's tolerance, with padded tokens too (the kernel zeroes the
+    padded keys, ``keep``); other impls, no SCALE or a float32 compute dtype keep the XLA
+    map."""
     calls = []
 
     def offered(name):
         calls.append(name)
-        return lambda x: feature_map.silu_l2(x, shift=MAPS[name], interpret=True)
+        return lambda x, **kw: feature_map.silu_l2(x, shift=MAPS[name], interpret=True, **kw)
 
     layer = lion_module.LionAttention(**dict(dict(num_heads=2, head_dim=16, variant="s",
                                                   dtype=jnp.bfloat16), **kwargs))
     x = jnp.asarray(rng.standard_normal((2, 23, 32)), jnp.float32)
     params = layer.init(jax.random.key(int(rng.integers(2 ** 31))), x)
+    mask = None
+    if padded:  # pads inside and at the end, with large content
+        real = np.ones((2, 23), bool)
+        real[:, rng.choice(20, size=3, replace=False)] = False
+        real[:, 20:] = False
+        mask = jnp.asarray(real)
+        x = jnp.where(mask[:, :, None], x, 10.0 * x)
 
     def loss(params):
-        return jnp.sum(layer.apply(params, x).astype(jnp.float32) * x)
+        y = layer.apply(params, x, mask).astype(jnp.float32)
+        return jnp.sum(y * x if mask is None else jnp.where(mask[:, :, None], y * x, 0.0))
 
     monkeypatch.setattr(lion_module, "kernel_feature_map", lambda name: None)
     want, want_grads = jax.value_and_grad(loss)(params)

@@ -237,8 +237,22 @@ def test_constant_features_leave_the_decay_mask_alone(rng, impl):
 @pytest.mark.parametrize("variant,decay_shape,causal", BOTH_DIRECTIONS, ids=BOTH_IDS)
 def test_padding_is_invisible(rng, variant, decay_shape, causal):
     """Pads with arbitrary content, inserted inside and appended, leave real outputs unchanged."""
+    check_padding_is_invisible(rng, variant, decay_shape, causal, "attention")
+
+
+@pytest.mark.parametrize("impl", ["recurrent", "chunk", "pallas"])
+@pytest.mark.parametrize("variant,decay_shape,causal", [
+    ("s", "scalar", False), ("xlstm", "vector", False), ("s", "scalar", True)])
+def test_padding_is_invisible_in_every_impl(rng, variant, decay_shape, causal, impl):
+    """The same in the other forms: a padded token's zero key leaves its (unmasked) value out
+    of the chunked states, the token walk and the kernels too."""
+    check_padding_is_invisible(rng, variant, decay_shape, causal, impl)
+
+
+def check_padding_is_invisible(rng, variant, decay_shape, causal, impl):
     x = normal(rng, B, L, D)
-    layer = make_layer(variant, decay_shape, causal=causal, impl="attention")
+    chunks = dict(chunk_size=16) if impl == "pallas" else {}  # the kernels' smallest chunk
+    layer = make_layer(variant, decay_shape, causal=causal, impl=impl, **chunks)
     params = layer.init(jax_key(rng), x)
     y = layer.apply(params, x)
 

@@ -168,13 +168,14 @@ class LionAttention(nn.Module):
     ``rope_freq [H * K/2]`` (per head, initialised at RoPE's), as S4/S5 learn their
     eigenvalues' imaginary parts; it trains at ``optim.decay_lr_factor`` with the decays.
 
-    Padding: ``mask [B, L]`` (True = real token). Padded tokens get ``k = v = 0`` (they add
-    nothing to any numerator or denominator) and ``log_decay = 0`` (decay 1: they take no step
-    of distance). The mask over real tokens is then exactly that of the sequence with the pads
-    removed, so real outputs are unchanged by padding at the end *and* by pads inserted anywhere
-    (for ``d``/``retnet`` the distance ``|i - j|`` counts real tokens only); ``jnp.where`` is
-    used, so even non-finite padded content cannot leak. Outputs at padded positions are
-    meaningless.
+    Padding: ``mask [B, L]`` (True = real token). Padded tokens get ``k = 0`` (so their score
+    with every query is zero and their values add nothing to any numerator or denominator; v
+    needs no mask, which saves a pass over it each way) and ``log_decay = 0`` (decay 1: they
+    take no step of distance). The mask over real tokens is then exactly that of the sequence
+    with the pads removed, so real outputs are unchanged by padding at the end *and* by pads
+    inserted anywhere (for ``d``/``retnet`` the distance ``|i - j|`` counts real tokens only).
+    Padded content must be finite (a zero key times a non-finite value is not zero). Outputs at
+    padded positions are meaningless.
 
     Decay init: fixed decays and the biases of the decay/forget gates start at
     ``sigmoid(b) = 1 - 2**-e`` with ``e`` spread over ``decay_init_exponents`` across heads
@@ -407,17 +408,20 @@ class LionAttention(nn.Module):
         """The HiPPO init's log-decays, ``[H, channels per head]`` (float64)."""
         return hippo_log_decays(self.num_heads, self._decay_channels()[0], self.hippo_dt_range)
 
-    def _features(self, x, float_dtype):
+    def _features(self, x, float_dtype, mask=None):
         """``phi(x)`` of the projections ``x [B, L, H, K]`` in ``float_dtype``, except where
         the feature map's Pallas kernel takes it (:func:`kernel_feature_map`: ``silu_l2`` on a
         GPU) with a 16-bit compute dtype, ``impl`` ``"auto"`` or ``"pallas"``, SCALE and no
         rotation, so that only the op follows: then one pass each way (XLA takes two
-        reductions and two passes), the result in the compute dtype the op takes."""
+        reductions and two passes), the result in the compute dtype the op takes. ``mask``
+        (``[B, L]`` bool, True = real token): the padded tokens' rows are zeros, in the
+        kernel (its ``keep``) or by a select."""
         kernel = kernel_feature_map(self.feature_map_name)
         if (kernel is not None and x.dtype != float_dtype and self.impl in ("auto", "pallas")
                 and self.scaled and self.rope_base is None):
-            return kernel(x)
-        return get_feature_map(self.feature_map_name)(x.astype(float_dtype))
+            return kernel(x) if mask is None else kernel(x, keep=mask[:, :, None])
+        f = get_feature_map(self.feature_map_name)(x.astype(float_dtype))
+        return f if mask is None else jnp.where(mask[:, :, None, None], f, 0.0)
 
     def _complex_decay(self):
         """``decay_init="hippo_complex"``: S5's discretised eigenvalues ``Lambda dt`` per value
@@ -598,7 +602,9 @@ class LionAttention(nn.Module):
         ``mixer_inputs``: ``q, k [B, L, H, K]`` after the feature map (>= float32; the
         compute dtype where its kernel ran, :meth:`_features`), the
         ``K**-0.5`` scale and the rotation, ``v [B, L, H, V]``, decays as returned by
-        :meth:`_decays`, padding applied; the op then sees ``k * key_scale``. With
+        :meth:`_decays`, padding applied (zeros in k, the decays and key scales at padded
+        tokens; v is left as projected: a zero key leaves its value out of every sum, so the
+        padded tokens' content must be finite); the op then sees ``k * key_scale``. With
         ``decay_init="hippo_complex"``, ``v`` and ``log_decay`` are the op's ``[B, L, H, 2V]``
         (the turned real and imaginary parts, each decay twice).
         """
@@ -634,7 +640,8 @@ class LionAttention(nn.Module):
             v = rope(v, positions, freqs=-theta).astype(compute_dtype)  # [B, L, H, 2V]
 
         q = self._features(q.reshape(B, L, H, K), float_dtype)
-        k = self._features(k.reshape(B, L, H, K), float_dtype)
+        # a padded token's key is zero, so its column of the scores is: the values need no mask
+        k = self._features(k.reshape(B, L, H, K), float_dtype, mask)
         if not self.scaled:
             q = q * K ** -0.5
         log_decay, key_scale = self._decays(x, float_dtype, complex_decay)
@@ -643,8 +650,6 @@ class LionAttention(nn.Module):
         if mask is not None:
             def real(t):  # mask broadcast against t [B, L, ...]
                 return mask.reshape((B, L) + (1,) * (t.ndim - 2))
-            k = jnp.where(real(k), k, 0.0)
-            v = jnp.where(real(v), v, 0)
             if log_decay is not None:
                 log_decay = jnp.where(real(log_decay), log_decay, 0.0)
             if key_scale is not None:
