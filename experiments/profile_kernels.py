@@ -1,7 +1,7 @@
 """Per-kernel GPU times of our ops' forward + backward, to see where the time goes.
 
     python -m experiments.profile_kernels [--lengths 16384] [--dims 128,64]
-        [--ops causal,lion,per_feature] [--reps 5] [--settings]
+        [--ops causal,lion,per_feature] [--reps 5] [--settings | --dense | --feature_map]
 
 For each op (``causal``: ``pallas_kernels.causal_linear_attention``, ``lion``:
 ``pallas_kernels.bidirectional_linear_attention``, normalised; ``per_feature``:
@@ -30,10 +30,18 @@ compilation per case and backend instead of 24. ``--dense_backends`` names the f
 kernels to time (``lion_dense``'s ``backend``: ``triton``, ``mosaic``; the Mosaic GPU kernels'
 times show in the same columns) and ``--dense_length`` the tokens (197; the Mosaic GPU kernels
 take multiples of 8, and ``s_v2`` a square grid of patches + CLS).
+
+``--feature_map`` times ``pallas_kernels.feature_map.silu_l2`` (LION-S's q and k map) at
+ViT-T's shape with the tokens padded to 200 (``[256, 200, 3, 64]`` bf16, the padded tokens'
+rows dropped by ``keep`` as ``LionAttention`` does), forward and forward + backward, under
+each ``block_rows`` (32-256) and ``num_warps`` (1-8), beside XLA's map with its select: the
+jitted calls timed as ``bench_kernels`` times ops (10 back to back, one sync, median of
+``--reps``), no torch needed.
 """
 
 import argparse
 import collections
+import functools
 import itertools
 import os
 
@@ -179,6 +187,40 @@ def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=
             print(f"   {setting}: {dense_line(times, names)}", flush=True)
 
 
+def feature_map_settings(reps, batch=256, length=200, real=197, heads=3, dim=64):
+    """Prints silu_l2's forward and forward + backward times (ms) under each launch setting,
+    and XLA's map with a select, at ``[batch, length, heads, dim]`` bf16 with the tokens past
+    ``real`` dropped."""
+    from lion_jax.layers.feature_maps import silu_l2 as xla_map
+    from pallas_kernels.feature_map import NUM_WARPS, ROWS, silu_l2
+
+    x, g = (jax.random.normal(key, (batch, length, heads, dim), jnp.bfloat16)
+            for key in jax.random.split(jax.random.PRNGKey(0), 2))
+    keep = jnp.broadcast_to((jnp.arange(length) < real)[None, :, None], x.shape[:-1])
+
+    def xla(x):
+        return jnp.where(keep[..., None], xla_map(x.astype(jnp.float32)), 0.0).astype(x.dtype)
+
+    sides = {"XLA map + select": xla}
+    for block_rows, warps in itertools.product((32, 64, 128, 256), (1, 2, 4, 8)):
+        default = " (default)" if (block_rows, warps) == (ROWS, NUM_WARPS) else ""
+        sides[f"silu_l2 block_rows={block_rows} warps={warps}{default}"] = functools.partial(
+            silu_l2, keep=keep, block_rows=block_rows, num_warps=warps)
+    print(f"== silu_l2 at [{batch}, {length}, {heads}, {dim}] bf16, tokens past {real} dropped "
+          f"(ms per call: forward, forward + backward)")
+    for name, fn in sides.items():
+        def fwd_bwd(x, fn=fn):
+            y, vjp = jax.vjp(fn, x)
+            return y, vjp(g)
+        try:
+            forward, _ = time_jax(fn, (x,), reps, inner=10)
+            both, _ = time_jax(fwd_bwd, (x,), reps, inner=10)
+        except Exception as e:  # a setting the kernel cannot take
+            print(f"   {name}: failed: {type(e).__name__}: {e}"[:200], flush=True)
+            continue
+        print(f"   {name}: {forward:.4f}  {both:.4f}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="16384")
@@ -199,6 +241,8 @@ def main():
                         help="with --dense: the kernels to time, of triton, mosaic")
     parser.add_argument("--dense_length", type=int, default=197,
                         help="with --dense: the tokens per sequence (ViT-T at 224 px: 197)")
+    parser.add_argument("--feature_map", action="store_true",
+                        help="time silu_l2's kernels at ViT-T's shape under each setting")
     args = parser.parse_args()
     unknown = set(args.ops.split(",")) - set(OPS)
     if unknown:
@@ -212,6 +256,10 @@ def main():
         parser.error("--dense_cases s_v2 needs --dense_length a square + 1 (e.g. 197)")
     if jax.default_backend() != "gpu":
         raise SystemExit("profile_kernels needs a GPU (CUDA kernels are what it times)")
+    if args.feature_map:
+        print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}")
+        feature_map_settings(args.reps)
+        return
     if args.dense:
         print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}")
         dense_settings(args.reps, cases, length=args.dense_length,

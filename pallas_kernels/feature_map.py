@@ -5,7 +5,7 @@ XLA computes this map as a row reduction (the squared norm) and an elementwise p
 the input again, and its gradient likewise (``f . g``, then the elementwise rest): four
 reductions per layer for q and k, 0.90 ms of ViT-T's 23 ms train step at 224 px on one H100
 (docs/benchmarks.md, "Where the train step's time goes"). Here each program holds ``ROWS``
-whole rows, so the forward reads ``x`` once and writes ``f``, and the backward reads ``x`` and
+(``block_rows``) whole rows, so the forward reads ``x`` once and writes ``f``, and the backward reads ``x`` and
 ``g`` once and writes ``dx``. Every row is computed in float32 whatever the dtypes::
 
     u = silu(x) + shift,   r = (||u||^2 + eps)^(-1/2),   f = u r
@@ -30,7 +30,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _next_pow2
 
-ROWS = 128  # rows per program
+ROWS = 128  # rows per program (default)
 MAX_DIM = 256
 NUM_WARPS = 4
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -53,28 +53,32 @@ class _Config:
     eps: float
     out_dtype: object
     interpret: bool
+    block: int  # rows per program
+    warps: int
 
     def call(self, kernel, name, args, keep, out_dtype):
-        """One launch over ``[N, K]`` arrays, ``ROWS`` rows per program, one output;
+        """One launch over ``[N, K]`` arrays, ``block`` rows per program, one output;
         ``keep``: None or the rows' ``[N]`` int8 flags."""
         width = _next_pow2(max(self.dim, 16))
-        spec = pl.BlockSpec((ROWS, width), lambda i: (i, 0))
+        spec = pl.BlockSpec((self.block, width), lambda i: (i, 0))
         in_specs = [spec] * len(args)
         if keep is not None:
-            args, in_specs = [*args, keep], in_specs + [pl.BlockSpec((ROWS,), lambda i: (i,))]
+            args = [*args, keep]
+            in_specs = in_specs + [pl.BlockSpec((self.block,), lambda i: (i,))]
         kernel = functools.partial(kernel, rows=self.rows, dim=self.dim, shift=self.shift,
                                    eps=self.eps)
         return pl.pallas_call(
-            kernel, grid=(-(-self.rows // ROWS),), in_specs=in_specs,
+            kernel, grid=(-(-self.rows // self.block),), in_specs=in_specs,
             out_specs=spec, out_shape=jax.ShapeDtypeStruct((self.rows, self.dim), out_dtype),
-            compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
+            compiler_params=pltriton.CompilerParams(num_warps=self.warps, num_stages=1),
             interpret=self.interpret, name=name)(*args)
 
 
 def _valid(ref, rows, dim, keep_ref=None):
-    """``[ROWS, width]`` mask of this program's entries inside ``[rows, dim]`` (and in the rows
-    ``keep_ref`` flags, when given)."""
-    row = pl.program_id(0) * ROWS + jnp.arange(ROWS)
+    """``[block, width]`` mask of this program's entries inside ``[rows, dim]`` (and in the
+    rows ``keep_ref`` flags, when given)."""
+    block = ref.shape[0]
+    row = pl.program_id(0) * block + jnp.arange(block)
     ok = row < rows
     if keep_ref is not None:
         ok = ok & (pltriton.load(keep_ref, mask=ok, other=0) != 0)
@@ -131,7 +135,8 @@ _map.defvjp(_map_fwd, _map_bwd)
 _map_once = jax.jit(_map, static_argnums=(2,))
 
 
-def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, keep=None, interpret=None):
+def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, keep=None, interpret=None,
+            block_rows=None, num_warps=None):
     """``(silu(x) + shift) / sqrt(||silu(x) + shift||^2 + eps)`` over the last axis, computed
     in float32 (module docstring).
 
@@ -143,6 +148,9 @@ def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, keep=None, interpret=None
       keep: None, or a bool array broadcastable to ``x.shape[:-1]``: rows where it is False
         come out as zeros, with zero gradient.
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
+      block_rows, num_warps: rows per program (a power of two >= 16) and Triton warps (None:
+        ``ROWS``, ``NUM_WARPS``); ``python -m experiments.profile_kernels --feature_map``
+        times them.
     Returns:
       ``[..., K]`` in ``out_dtype``, differentiable in x.
     Raises:
@@ -153,8 +161,13 @@ def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, keep=None, interpret=None
         raise ValueError(f"silu_l2: {reason}")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
+    block_rows, num_warps = block_rows or ROWS, num_warps or NUM_WARPS
+    if block_rows < 16 or block_rows & (block_rows - 1) or num_warps < 1:
+        raise ValueError(f"silu_l2: block_rows must be a power of two >= 16 and num_warps >= 1; "
+                         f"got {block_rows}, {num_warps}")
     cfg = _Config(x.size // x.shape[-1], x.shape[-1], float(shift), float(eps),
-                  jnp.dtype(out_dtype or x.dtype), bool(interpret))
+                  jnp.dtype(out_dtype or x.dtype), bool(interpret), int(block_rows),
+                  int(num_warps))
     if keep is not None:
         try:
             keep = jnp.broadcast_to(jnp.asarray(keep), x.shape[:-1])

@@ -92,6 +92,22 @@ def test_keep_zeroes_rows_and_their_gradient(rng):
         feature_map.silu_l2(x, keep=np.ones((3, 40), bool))
 
 
+def test_launch_settings_change_nothing_but_speed(rng):
+    """Every ``block_rows`` / ``num_warps`` gives the default's result, forward and gradient;
+    a bad setting is one error line."""
+    x = jnp.asarray(rng.standard_normal((5, 19, 3, 24)), jnp.bfloat16)
+    g = jnp.asarray(rng.standard_normal(x.shape), jnp.bfloat16)
+    keep = rng.random((5, 19, 1)) < 0.8
+    want = value_and_grad(lambda x: feature_map.silu_l2(x, keep=keep), x, g)
+    for block_rows, num_warps in ((16, 1), (64, 2), (256, 8)):
+        got = value_and_grad(lambda x: feature_map.silu_l2(
+            x, keep=keep, block_rows=block_rows, num_warps=num_warps), x, g)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="silu_l2: block_rows must be a power of two"):
+        feature_map.silu_l2(x, block_rows=48)
+
+
 def test_kernel_feature_map_is_for_gpus_and_l2_maps():
     assert feature_maps.kernel_feature_map("elu1") is None
     assert (feature_maps.kernel_feature_map("silu_l2") is not None) == ON_GPU
