@@ -5,8 +5,8 @@ XLA computes this map as a row reduction (the squared norm) and an elementwise p
 the input again, and its gradient likewise (``f . g``, then the elementwise rest): four
 reductions per layer for q and k, 0.90 ms of ViT-T's 23 ms train step at 224 px on one H100
 (docs/benchmarks.md, "Where the train step's time goes"). Here each program holds ``ROWS``
-(``block_rows``) whole rows, so the forward reads ``x`` once and writes ``f``, and the backward reads ``x`` and
-``g`` once and writes ``dx``. Every row is computed in float32 whatever the dtypes::
+(``block_rows``) whole rows, so the forward reads ``x`` once and writes ``f``, and the backward
+reads ``x`` and ``g`` once and writes ``dx``. Every row is computed in float32 whatever the dtypes::
 
     u = silu(x) + shift,   r = (||u||^2 + eps)^(-1/2),   f = u r
     dx = r (g - f (f . g)) silu'(x),   silu'(x) = sigmoid(x) (1 + x (1 - sigmoid(x)))
