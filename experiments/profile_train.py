@@ -38,10 +38,16 @@ from experiments import optim, sharding, trainer
 from experiments.tasks import get_task
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file, path.py[:variant].",
-                                lock_config=True)
-flags.DEFINE_integer("steps", 20, "Steps timed, and steps traced.")
-flags.DEFINE_string("out", None, "Directory for profile.json and the trace.")
+
+
+def define_flags():
+    """The command's flags (defined when run, so that importing the module's helpers, as the
+    tests do, leaves the process's absl flags alone)."""
+    config_flags.DEFINE_config_file("config", None, "Config file, path.py[:variant].",
+                                    lock_config=True)
+    flags.DEFINE_integer("steps", 20, "Steps timed, and steps traced.")
+    flags.DEFINE_string("out", None, "Directory for profile.json and the trace.")
+
 
 # Module path components, most specific first: the group of an op is the first one found in
 # its op_name (the Flax scope names of lion_jax.models / lion_jax.layers).
@@ -206,5 +212,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     flags.mark_flag_as_required("config")
     app.run(main)
