@@ -556,6 +556,7 @@ def test_rounded_products_backward_in_the_compute_dtype(rng):
     def vjp(x, w, g):
         y, back = jax.vjp(lambda x, w: _rounded_products(x, w, dn, dtype=jnp.bfloat16), x, w)
         return (y, *back(g))
+
     def eqns(jaxpr):  # every equation, those of nested jaxprs (jit, custom_vjp) too
         for e in jaxpr.eqns:
             yield e
