@@ -93,8 +93,9 @@ def test_keep_zeroes_rows_and_their_gradient(rng):
 
 
 def test_launch_settings_change_nothing_but_speed(rng):
-    """Every ``block_rows`` / ``num_warps`` gives the default's result, forward and gradient;
-    a bad setting is one error line."""
+    """Every ``block_rows`` / ``num_warps`` gives the default's result, forward and gradient,
+    to one rounding of bf16 (the interpreter's float32 sums over a block's columns may take
+    another order); a bad setting is one error line."""
     x = jnp.asarray(rng.standard_normal((5, 19, 3, 24)), jnp.bfloat16)
     g = jnp.asarray(rng.standard_normal(x.shape), jnp.bfloat16)
     keep = rng.random((5, 19, 1)) < 0.8
@@ -103,7 +104,8 @@ def test_launch_settings_change_nothing_but_speed(rng):
         got = value_and_grad(lambda x: feature_map.silu_l2(
             x, keep=keep, block_rows=block_rows, num_warps=num_warps), x, g)
         for a, b in zip(got, want):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                       rtol=2 ** -7, atol=1e-6)
     with pytest.raises(ValueError, match="silu_l2: block_rows must be a power of two"):
         feature_map.silu_l2(x, block_rows=48)
 
@@ -145,6 +147,7 @@ def test_lion_attention_takes_the_kernel_where_only_the_op_follows(rng, monkeypa
         y = layer.apply(params, x, mask).astype(jnp.float32)
         return jnp.sum(y * x if mask is None else jnp.where(mask[:, :, None], y * x, 0.0))
 
+    monkeypatch.setattr(lion_module, "kernel_qkv_map", lambda name: None)  # the map alone
     monkeypatch.setattr(lion_module, "kernel_feature_map", lambda name: None)
     want, want_grads = jax.value_and_grad(loss)(params)
     monkeypatch.setattr(lion_module, "kernel_feature_map", offered)

@@ -107,3 +107,13 @@ def kernel_feature_map(name: str) -> FeatureMap | None:
     except ImportError:
         return None
     return functools.partial(feature_map.silu_l2, shift=_KERNEL_SHIFTS[name], eps=_L2_EPS)
+
+
+def kernel_qkv_map(name: str):
+    """Feature map ``name`` applied by ``pallas_kernels.qkv_map.silu_l2_qkv`` to a merged
+    query, key and value projection (biases, the map of q and k, padded keys zeroed, in one
+    pass each way), when :func:`kernel_feature_map` offers the map's kernel; else None."""
+    if kernel_feature_map(name) is None:
+        return None
+    from pallas_kernels import qkv_map
+    return functools.partial(qkv_map.silu_l2_qkv, shift=_KERNEL_SHIFTS[name], eps=_L2_EPS)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lion_jax import ops
-from lion_jax.layers.feature_maps import get_feature_map, kernel_feature_map
+from lion_jax.layers.feature_maps import get_feature_map, kernel_feature_map, kernel_qkv_map
 from lion_jax.layers.rotary import rope, rope_frequencies
 from lion_jax.layers.hippo import (complex_value_init, hippo_log_decays, hippo_normal,
                                    zoh_value_scales)
@@ -93,6 +93,34 @@ def _float32_products_bwd(dimension_numbers, precision, residuals, g):
 
 
 _float32_products.defvjp(_float32_products_fwd, _float32_products_bwd)
+
+
+class _DenseParams(nn.Module):
+    """``nn.Dense(features)``'s parameters for inputs of width ``inputs``: ``kernel [inputs,
+    features]`` and ``bias [features]`` (zeros), named, initialised and partitioned as
+    nn.Dense makes them, returned rather than applied: :class:`LionAttention` applies its
+    query, key and value projections as one product where a kernel takes the result
+    (:meth:`LionAttention._projections`), with the checkpoints of separate Dense layers."""
+
+    features: int
+    names: tuple
+    kernel_init: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, inputs: int):
+        kernel = self.param("kernel", nn.with_logical_partitioning(self.kernel_init, self.names),
+                            (inputs, self.features), self.param_dtype)
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                               (self.names[1],)),
+                          (self.features,), self.param_dtype)
+        return kernel, bias
+
+
+def _affine(x, kernel, bias, dtype):
+    """``x @ kernel + bias`` as ``nn.Dense(dtype=dtype)`` computes it."""
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=dtype)
+    return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ()))) + bias
 
 
 class LionAttention(nn.Module):
@@ -408,17 +436,56 @@ class LionAttention(nn.Module):
         """The HiPPO init's log-decays, ``[H, channels per head]`` (float64)."""
         return hippo_log_decays(self.num_heads, self._decay_channels()[0], self.hippo_dt_range)
 
+    def _map_kernels_apply(self, compute_dtype) -> bool:
+        """Whether the feature map's Pallas kernels (:func:`kernel_feature_map`,
+        :func:`kernel_qkv_map`: ``silu_l2`` on a GPU) may take q and k: a 16-bit compute
+        dtype, ``impl`` ``"auto"`` or ``"pallas"``, SCALE and no rotation, so that only the
+        op follows them."""
+        return (jnp.dtype(compute_dtype).itemsize == 2 and self.impl in ("auto", "pallas")
+                and self.scaled and self.rope_base is None)
+
+    def _projections(self, x, mask, parts):
+        """``(phi(q), phi(k), v)`` of the tokens ``x [B, L, D]``: the query and key
+        projections through the feature map (:meth:`_features`; padded keys zero), ``[B, L,
+        H, K]``, and the value projection ``[B, L, parts * H * V]`` (``parts`` 2: complex
+        values' real and imaginary parts), all in the compute dtype.
+
+        The projections' parameters are those of Dense layers ``query``, ``key`` and
+        ``value`` (:class:`_DenseParams`). Where ``silu_l2``'s merged kernel applies
+        (:func:`kernel_qkv_map` offers it, :meth:`_map_kernels_apply`, one part of values as
+        wide as the keys) they are one product ``x [W_q | W_k | W_v]``, whose biases and
+        maps the kernel applies in one pass each way and whose gradient is one array, so
+        that the backward's weight and input gradients are plain GEMMs."""
+        B, L, D = x.shape
+        H, K, V = self.num_heads, self.head_dim, self.value_width
+        qk_init = nn.initializers.normal(self.init_std) if self.init_std else None
+        (w_q, b_q), (w_k, b_k), (w_v, b_v) = (
+            _DenseParams(width, ("embed", "heads"), init or nn.initializers.lecun_normal(),
+                         self.param_dtype, name=name)(D)
+            for name, width, init in (("query", H * K, qk_init), ("key", H * K, qk_init),
+                                      ("value", parts * H * V, self._value_init())))
+        merged = kernel_qkv_map(self.feature_map_name)
+        if (merged is not None and self.dtype is not None and self._map_kernels_apply(self.dtype)
+                and parts == 1 and K == V):
+            p = jnp.dot(x.astype(self.dtype),
+                        jnp.concatenate([w_q, w_k, w_v], axis=1).astype(self.dtype))
+            q, k, v = merged(p, jnp.concatenate([b_q, b_k, b_v]), H, keep=mask)
+            return q, k, v.reshape(B, L, H * V)
+        q, k, v = (_affine(x, w, b, self.dtype) for w, b in ((w_q, b_q), (w_k, b_k), (w_v, b_v)))
+        float_dtype = jnp.promote_types(v.dtype, jnp.float32)
+        q = self._features(q.reshape(B, L, H, K), float_dtype)
+        # a padded token's key is zero, so its column of the scores is: v needs no mask
+        return q, self._features(k.reshape(B, L, H, K), float_dtype, mask), v
+
     def _features(self, x, float_dtype, mask=None):
         """``phi(x)`` of the projections ``x [B, L, H, K]`` in ``float_dtype``, except where
-        the feature map's Pallas kernel takes it (:func:`kernel_feature_map`: ``silu_l2`` on a
-        GPU) with a 16-bit compute dtype, ``impl`` ``"auto"`` or ``"pallas"``, SCALE and no
-        rotation, so that only the op follows: then one pass each way (XLA takes two
-        reductions and two passes), the result in the compute dtype the op takes. ``mask``
-        (``[B, L]`` bool, True = real token): the padded tokens' rows are zeros, in the
-        kernel (its ``keep``) or by a select."""
+        the feature map's Pallas kernel takes it (:func:`kernel_feature_map`,
+        :meth:`_map_kernels_apply`): then one pass each way (XLA takes two reductions and two
+        passes), the result in the compute dtype the op takes. ``mask`` (``[B, L]`` bool,
+        True = real token): the padded tokens' rows are zeros, in the kernel (its ``keep``) or
+        by a select."""
         kernel = kernel_feature_map(self.feature_map_name)
-        if (kernel is not None and x.dtype != float_dtype and self.impl in ("auto", "pallas")
-                and self.scaled and self.rope_base is None):
+        if kernel is not None and self._map_kernels_apply(x.dtype):
             return kernel(x) if mask is None else kernel(x, keep=mask[:, :, None])
         f = get_feature_map(self.feature_map_name)(x.astype(float_dtype))
         return f if mask is None else jnp.where(mask[:, :, None, None], f, 0.0)
@@ -620,12 +687,7 @@ class LionAttention(nn.Module):
         # the index of each real token, as the decays count (rotations)
         positions = (jnp.arange(L) if mask is None
                      else jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1).astype(jnp.float32)
-        qk_init = nn.initializers.normal(self.init_std) if self.init_std else None
-        q = self._dense(H * K, ("embed", "heads"), "query", kernel_init=qk_init)(x)
-        k = self._dense(H * K, ("embed", "heads"), "key", kernel_init=qk_init)(x)
-        parts = 1 if complex_decay is None else 2  # complex values: real, imaginary parts
-        v = self._dense(parts * H * V, ("embed", "heads"), "value",
-                        kernel_init=self._value_init())(x)
+        q, k, v = self._projections(x, mask, 1 if complex_decay is None else 2)
         compute_dtype = v.dtype
         float_dtype = jnp.promote_types(compute_dtype, jnp.float32)
         if complex_decay is None:
@@ -638,10 +700,6 @@ class LionAttention(nn.Module):
             v = jnp.concatenate([v_re * z_re - v_im * z_im, v_re * z_im + v_im * z_re], axis=-1)
             # rope turns the pairs (c, c + V), i.e. (real, imaginary), by positions * freqs
             v = rope(v, positions, freqs=-theta).astype(compute_dtype)  # [B, L, H, 2V]
-
-        q = self._features(q.reshape(B, L, H, K), float_dtype)
-        # a padded token's key is zero, so its column of the scores is: the values need no mask
-        k = self._features(k.reshape(B, L, H, K), float_dtype, mask)
         if not self.scaled:
             q = q * K ** -0.5
         log_decay, key_scale = self._decays(x, float_dtype, complex_decay)
