@@ -34,9 +34,11 @@ take multiples of 8, and ``s_v2`` a square grid of patches + CLS).
 ``--feature_map`` times ``pallas_kernels.feature_map.silu_l2`` (LION-S's q and k map) at
 ViT-T's shape with the tokens padded to 200 (``[256, 200, 3, 64]`` bf16, the padded tokens'
 rows dropped by ``keep`` as ``LionAttention`` does), forward and forward + backward, under
-each ``block_rows`` (32-256) and ``num_warps`` (1-8), beside XLA's map with its select: the
-jitted calls timed as ``bench_kernels`` times ops (10 back to back, one sync, median of
-``--reps``), no torch needed.
+each ``block_rows`` (32-256) and ``num_warps`` (1-8), beside XLA's map with its select, then
+``pallas_kernels.qkv_map.silu_l2_qkv`` (the biases and the map from the merged q/k/v
+projection ``[256, 200, 576]``) beside XLA's bias adds and map: the jitted calls timed as
+``bench_kernels`` times ops (10 back to back, one sync, median of ``--reps``), no torch
+needed.
 """
 
 import argparse
@@ -190,13 +192,17 @@ def dense_settings(reps, cases=tuple(DENSE_CASES), batch=256, length=197, heads=
 def feature_map_settings(reps, batch=256, length=200, real=197, heads=3, dim=64):
     """Prints silu_l2's forward and forward + backward times (ms) under each launch setting,
     and XLA's map with a select, at ``[batch, length, heads, dim]`` bf16 with the tokens past
-    ``real`` dropped."""
+    ``real`` dropped; then silu_l2_qkv's (the biases and the map of q and k from a merged
+    ``[batch, length, 3 heads dim]`` projection) beside XLA's bias adds and map."""
     from lion_jax.layers.feature_maps import silu_l2 as xla_map
     from pallas_kernels.feature_map import NUM_WARPS, ROWS, silu_l2
+    from pallas_kernels.qkv_map import silu_l2_qkv
 
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
     x, g = (jax.random.normal(key, (batch, length, heads, dim), jnp.bfloat16)
-            for key in jax.random.split(jax.random.PRNGKey(0), 2))
-    keep = jnp.broadcast_to((jnp.arange(length) < real)[None, :, None], x.shape[:-1])
+            for key in keys[:2])
+    real_rows = (jnp.arange(length) < real)[None, :]
+    keep = jnp.broadcast_to(real_rows[..., None], x.shape[:-1])
 
     def xla(x):
         return jnp.where(keep[..., None], xla_map(x.astype(jnp.float32)), 0.0).astype(x.dtype)
@@ -208,6 +214,32 @@ def feature_map_settings(reps, batch=256, length=200, real=197, heads=3, dim=64)
             silu_l2, keep=keep, block_rows=block_rows, num_warps=warps)
     print(f"== silu_l2 at [{batch}, {length}, {heads}, {dim}] bf16, tokens past {real} dropped "
           f"(ms per call: forward, forward + backward)")
+    _time_sides(sides, x, g, reps)
+
+    p = jax.random.normal(keys[2], (batch, length, 3 * heads * dim), jnp.bfloat16)
+    bias = jax.random.normal(keys[3], (3 * heads * dim,), jnp.float32)
+    keep_rows = jnp.broadcast_to(real_rows, p.shape[:-1])
+
+    def xla_qkv(p):
+        q, k, v = jnp.split((p + bias.astype(p.dtype)).reshape(*p.shape[:-1], 3, heads, dim),
+                            3, axis=-3)
+        return (xla_map(q[..., 0, :, :].astype(jnp.float32)).astype(p.dtype),
+                xla(k[..., 0, :, :]), v[..., 0, :, :])
+
+    sides = {"XLA bias adds + map + select": xla_qkv}
+    for block_rows, warps in itertools.product((32, 64, 128), (2, 4, 8)):
+        default = " (default)" if (block_rows, warps) == (ROWS, NUM_WARPS) else ""
+        sides[f"silu_l2_qkv block_rows={block_rows} warps={warps}{default}"] = (
+            lambda p, b=block_rows, w=warps: silu_l2_qkv(p, bias, heads, keep=keep_rows,
+                                                         block_rows=b, num_warps=w))
+    print(f"== silu_l2_qkv at [{batch}, {length}, {3 * heads * dim}] bf16 (q, k, v of {heads} "
+          f"heads of {dim}), tokens past {real} dropped (ms per call: forward, forward + "
+          "backward)")
+    _time_sides(sides, p, (g, g, g), reps)
+
+
+def _time_sides(sides, x, g, reps):
+    """Prints each side's forward and forward + backward (cotangent ``g``) times in ms."""
     for name, fn in sides.items():
         def fwd_bwd(x, fn=fn):
             y, vjp = jax.vjp(fn, x)
