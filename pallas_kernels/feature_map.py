@@ -122,6 +122,19 @@ def _backward_kernel(x_ref, g_ref, *refs, rows, dim, shift, eps):
     pltriton.store(dx_ref, dx.astype(dx_ref.dtype), mask=_valid(x_ref, rows, dim))
 
 
+def launch_settings(name, interpret, block_rows, num_warps):
+    """``(interpret, block_rows, num_warps)`` of a call of kernel ``name``: None means the
+    Pallas interpreter when the default backend is CPU, ``ROWS`` and ``NUM_WARPS``; a bad
+    setting is one error line."""
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    block_rows, num_warps = block_rows or ROWS, num_warps or NUM_WARPS
+    if block_rows < 16 or block_rows & (block_rows - 1) or num_warps < 1:
+        raise ValueError(f"{name}: block_rows must be a power of two >= 16 and num_warps >= 1; "
+                         f"got {block_rows}, {num_warps}")
+    return bool(interpret), int(block_rows), int(num_warps)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _map(x, keep, cfg):
     return cfg.call(_forward_kernel, "silu_l2_forward", [x], keep, cfg.out_dtype)
@@ -166,15 +179,9 @@ def silu_l2(x, *, shift=0.5, eps=1e-6, out_dtype=None, keep=None, interpret=None
     reason = unsupported_reason(x)
     if reason is not None:
         raise ValueError(f"silu_l2: {reason}")
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
-    block_rows, num_warps = block_rows or ROWS, num_warps or NUM_WARPS
-    if block_rows < 16 or block_rows & (block_rows - 1) or num_warps < 1:
-        raise ValueError(f"silu_l2: block_rows must be a power of two >= 16 and num_warps >= 1; "
-                         f"got {block_rows}, {num_warps}")
     cfg = _Config(x.size // x.shape[-1], x.shape[-1], float(shift), float(eps),
-                  jnp.dtype(out_dtype or x.dtype), bool(interpret), int(block_rows),
-                  int(num_warps))
+                  jnp.dtype(out_dtype or x.dtype),
+                  *launch_settings("silu_l2", interpret, block_rows, num_warps))
     if keep is not None:
         try:
             keep = jnp.broadcast_to(jnp.asarray(keep), x.shape[:-1])

@@ -33,7 +33,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _next_pow2
-from pallas_kernels.feature_map import MAX_DIM, ROWS, NUM_WARPS, _features, _gradient, _valid
+from pallas_kernels.feature_map import (MAX_DIM, _features, _gradient, _valid,
+                                        launch_settings)
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 
@@ -189,7 +190,7 @@ def silu_l2_qkv(p, bias, heads, *, shift=0.5, eps=1e-6, keep=None, interpret=Non
         get ``k = 0`` (and no gradient through k).
       interpret: run the Pallas interpreter; None means "when the default backend is CPU".
       block_rows, num_warps: rows per program (a power of two >= 16) and Triton warps (None:
-        ``feature_map.ROWS``, ``feature_map.NUM_WARPS``).
+        ``feature_map.ROWS``, ``feature_map.NUM_WARPS``; :func:`feature_map.launch_settings`).
     Returns:
       ``(q, k, v)``, each ``[..., heads, K]`` in p's dtype, differentiable in p and bias.
     Raises:
@@ -200,16 +201,10 @@ def silu_l2_qkv(p, bias, heads, *, shift=0.5, eps=1e-6, keep=None, interpret=Non
         reason = f"bias must have p's last axis' {p.shape[-1]} entries; got {jnp.shape(bias)}"
     if reason is not None:
         raise ValueError(f"silu_l2_qkv: {reason}")
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
-    block_rows, num_warps = block_rows or ROWS, num_warps or NUM_WARPS
-    if block_rows < 16 or block_rows & (block_rows - 1) or num_warps < 1:
-        raise ValueError(f"silu_l2_qkv: block_rows must be a power of two >= 16 and num_warps "
-                         f">= 1; got {block_rows}, {num_warps}")
     lead = p.shape[:-1]
     dim = p.shape[-1] // (3 * heads)
     cfg = _Config(int(p.size // p.shape[-1]), int(heads), dim, float(shift), float(eps),
-                  bool(interpret), int(block_rows), int(num_warps))
+                  *launch_settings("silu_l2_qkv", interpret, block_rows, num_warps))
     if keep is None:
         keep = jnp.ones((), bool)
     try:

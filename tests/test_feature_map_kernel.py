@@ -11,7 +11,7 @@ import pytest
 
 from lion_jax.layers import feature_maps
 from lion_jax.layers import lion as lion_module
-from pallas_kernels import feature_map
+from pallas_kernels import feature_map, qkv_map
 
 ON_GPU = jax.default_backend() == "gpu"
 TOL = {jnp.float32: 1e-3 if ON_GPU else 1e-5, jnp.bfloat16: 5e-3}  # ARCHITECTURE.md section 6
@@ -115,24 +115,34 @@ def test_kernel_feature_map_is_for_gpus_and_l2_maps():
     assert (feature_maps.kernel_feature_map("silu_l2") is not None) == ON_GPU
 
 
-@pytest.mark.parametrize("kwargs,kernel_runs,padded", [
-    (dict(), True, False), (dict(), True, True), (dict(impl="chunk"), False, False),
-    (dict(normalize=False), False, False), (dict(dtype=jnp.float32), False, True)])
-def test_lion_attention_takes_the_kernel_where_only_the_op_follows(rng, monkeypatch, kwargs,
-                                                                   kernel_runs, padded):
-    """With the kernel offered (as on a GPU; here the interpreter), a bf16 LION-S layer
-    (``impl="auto"``, SCALE) runs it and agrees with the XLA map's layer, output and
-    parameter gradients, at bf16's tolerance, with padded tokens too (the kernel zeroes the
-    padded keys, ``keep``); other impls, no SCALE or a float32 compute dtype keep the XLA
-    map."""
+# kernel offered -> the layer settings under which LionAttention takes it
+TAKEN = {"silu_l2": ("plain", "value_dim"), "silu_l2_qkv": ("plain",)}
+SETTINGS = {"plain": dict(), "chunk": dict(impl="chunk"), "unnormalised": dict(normalize=False),
+            "float32": dict(dtype=jnp.float32), "value_dim": dict(value_dim=8)}
+
+
+@pytest.mark.parametrize("offer", list(TAKEN))
+@pytest.mark.parametrize("setting,padded", [("plain", False), ("plain", True), ("chunk", True),
+                                            ("unnormalised", False), ("float32", True),
+                                            ("value_dim", False)])
+def test_lion_attention_takes_the_kernels_where_only_the_op_follows(rng, monkeypatch, offer,
+                                                                    setting, padded):
+    """With a kernel offered (as on a GPU; here the interpreter): ``silu_l2`` (the map of q
+    and of k) or ``silu_l2_qkv`` (the biases and the map from the merged q/k/v projection,
+    values as wide as keys), a bf16 LION-S layer (``impl="auto"``, SCALE) runs it and agrees
+    with the XLA layer (separate Dense products, the XLA map), output and parameter gradients,
+    at bf16's tolerance, with padded tokens too (the kernels zero the padded keys, ``keep``);
+    other impls, no SCALE or a float32 compute dtype keep the XLA layer's every bit."""
     calls = []
 
     def offered(name):
         calls.append(name)
-        return lambda x, **kw: feature_map.silu_l2(x, shift=MAPS[name], interpret=True, **kw)
+        if offer == "silu_l2":
+            return lambda x, **kw: feature_map.silu_l2(x, shift=MAPS[name], interpret=True, **kw)
+        return lambda *a, **kw: qkv_map.silu_l2_qkv(*a, shift=MAPS[name], interpret=True, **kw)
 
     layer = lion_module.LionAttention(**dict(dict(num_heads=2, head_dim=16, variant="s",
-                                                  dtype=jnp.bfloat16), **kwargs))
+                                                  dtype=jnp.bfloat16), **SETTINGS[setting]))
     x = jnp.asarray(rng.standard_normal((2, 23, 32)), jnp.float32)
     params = layer.init(jax.random.key(int(rng.integers(2 ** 31))), x)
     mask = None
@@ -147,15 +157,16 @@ def test_lion_attention_takes_the_kernel_where_only_the_op_follows(rng, monkeypa
         y = layer.apply(params, x, mask).astype(jnp.float32)
         return jnp.sum(y * x if mask is None else jnp.where(mask[:, :, None], y * x, 0.0))
 
-    monkeypatch.setattr(lion_module, "kernel_qkv_map", lambda name: None)  # the map alone
-    monkeypatch.setattr(lion_module, "kernel_feature_map", lambda name: None)
+    for name in ("kernel_feature_map", "kernel_qkv_map"):
+        monkeypatch.setattr(lion_module, name, lambda name: None)
     want, want_grads = jax.value_and_grad(loss)(params)
-    monkeypatch.setattr(lion_module, "kernel_feature_map", offered)
+    monkeypatch.setattr(lion_module, "kernel_feature_map" if offer == "silu_l2"
+                        else "kernel_qkv_map", offered)
     got, got_grads = jax.value_and_grad(loss)(params)
-    if not kernel_runs:
+    if setting not in TAKEN[offer]:
         assert got == want and jax.tree.all(jax.tree.map(jnp.array_equal, got_grads, want_grads))
         return
-    assert calls == ["silu_l2", "silu_l2"]
+    assert calls == (["silu_l2", "silu_l2"] if offer == "silu_l2" else ["silu_l2"])
     assert abs(float(got) - float(want)) < 2e-2 * abs(float(want)) + 1e-2
     flat = lambda t: np.concatenate([np.ravel(np.asarray(a, np.float64))  # noqa: E731
                                      for a in jax.tree.leaves(t)])

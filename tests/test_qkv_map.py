@@ -1,6 +1,7 @@
 """pallas_kernels.qkv_map (the biases and silu_l2 of q and k applied to a merged q/k/v
 projection in one pass each way) against a float64 reference of a Dense layer's bias add and
-lion_jax.layers.feature_maps' map, forward and gradients, and LionAttention's use of it.
+lion_jax.layers.feature_maps' map, forward and gradients (LionAttention's use of it:
+tests/test_feature_map_kernel.py).
 CPU (default): the Pallas interpreter. GPU: ``LION_TEST_GPU=1 pytest tests/test_qkv_map.py``.
 """
 
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 
 from lion_jax.layers import feature_maps
-from lion_jax.layers import lion as lion_module
 from pallas_kernels import qkv_map
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -116,50 +116,3 @@ def test_launch_settings_and_bad_inputs(rng):
         qkv_map.silu_l2_qkv(p, bias, 3, keep=np.ones(7, bool))
     with pytest.raises(ValueError, match="block_rows must be a power of two"):
         qkv_map.silu_l2_qkv(p, bias, 3, block_rows=48)
-
-
-@pytest.mark.parametrize("kwargs,kernel_runs,padded", [
-    (dict(), True, False), (dict(), True, True), (dict(impl="chunk"), False, True),
-    (dict(value_dim=8), False, False), (dict(dtype=jnp.float32), False, False)])
-def test_lion_attention_takes_the_merged_kernel(rng, monkeypatch, kwargs, kernel_runs, padded):
-    """With the merged kernel offered (as on a GPU; here the interpreter), a bf16 LION-S layer
-    (``impl="auto"``, SCALE) runs it and agrees with the XLA layer (separate Dense products,
-    the XLA map), output and parameter gradients at bf16's tolerance, with padded tokens
-    too; other impls, values of another width or a float32 compute dtype do not take it."""
-    calls = []
-
-    def offered(name):
-        calls.append(name)
-        return lambda *a, **kw: qkv_map.silu_l2_qkv(*a, shift=SHIFTS[name], interpret=True,
-                                                    **kw)
-
-    layer = lion_module.LionAttention(**dict(dict(num_heads=2, head_dim=16, variant="s",
-                                                  dtype=jnp.bfloat16), **kwargs))
-    x = jnp.asarray(rng.standard_normal((2, 23, 32)), jnp.float32)
-    params = layer.init(jax.random.key(int(rng.integers(2 ** 31))), x)
-    mask = None
-    if padded:  # pads inside and at the end, with large content
-        real = np.ones((2, 23), bool)
-        real[:, rng.choice(20, size=3, replace=False)] = False
-        real[:, 20:] = False
-        mask = jnp.asarray(real)
-        x = jnp.where(mask[:, :, None], x, 10.0 * x)
-
-    def loss(params):
-        y = layer.apply(params, x, mask).astype(jnp.float32)
-        return jnp.sum(y * x if mask is None else jnp.where(mask[:, :, None], y * x, 0.0))
-
-    monkeypatch.setattr(lion_module, "kernel_feature_map", lambda name: None)
-    monkeypatch.setattr(lion_module, "kernel_qkv_map", lambda name: None)
-    want, want_grads = jax.value_and_grad(loss)(params)
-    monkeypatch.setattr(lion_module, "kernel_qkv_map", offered)
-    got, got_grads = jax.value_and_grad(loss)(params)
-    assert jax.tree.structure(got_grads) == jax.tree.structure(want_grads)
-    if not kernel_runs:
-        assert got == want and jax.tree.all(jax.tree.map(jnp.array_equal, got_grads, want_grads))
-        return
-    assert calls == ["silu_l2"]
-    assert abs(float(got) - float(want)) < 2e-2 * abs(float(want)) + 1e-2
-    flat = lambda t: np.concatenate([np.ravel(np.asarray(a, np.float64))  # noqa: E731
-                                     for a in jax.tree.leaves(t)])
-    assert rel_err(flat(got_grads), flat(want_grads)) < 2e-2
