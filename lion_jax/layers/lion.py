@@ -458,10 +458,10 @@ class LionAttention(nn.Module):
         that the backward's weight and input gradients are plain GEMMs."""
         B, L, D = x.shape
         H, K, V = self.num_heads, self.head_dim, self.value_width
-        qk_init = nn.initializers.normal(self.init_std) if self.init_std else None
+        qk_init = (nn.initializers.normal(self.init_std) if self.init_std
+                   else nn.initializers.lecun_normal())
         (w_q, b_q), (w_k, b_k), (w_v, b_v) = (
-            _DenseParams(width, ("embed", "heads"), init or nn.initializers.lecun_normal(),
-                         self.param_dtype, name=name)(D)
+            _DenseParams(width, ("embed", "heads"), init, self.param_dtype, name=name)(D)
             for name, width, init in (("query", H * K, qk_init), ("key", H * K, qk_init),
                                       ("value", parts * H * V, self._value_init())))
         merged = kernel_qkv_map(self.feature_map_name)
@@ -667,7 +667,7 @@ class LionAttention(nn.Module):
 
         Sows ``(q, k, v, log_decay, key_scale)`` into the ``'intermediates'`` collection as
         ``mixer_inputs``: ``q, k [B, L, H, K]`` after the feature map (>= float32; the
-        compute dtype where its kernel ran, :meth:`_features`), the
+        compute dtype where a kernel applied the map, :meth:`_projections`), the
         ``K**-0.5`` scale and the rotation, ``v [B, L, H, V]``, decays as returned by
         :meth:`_decays`, padding applied (zeros in k, the decays and key scales at padded
         tokens; v is left as projected: a zero key leaves its value out of every sum, so the
