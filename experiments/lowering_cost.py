@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 import pallas_kernels
 from pallas_kernels.feature_map import silu_l2
+from pallas_kernels.qkv_map import silu_l2_qkv
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 KERNEL_CALLS = ("custom_call @__gpu$xla.gpu.triton", "custom_call @mosaic_gpu")
@@ -41,6 +42,8 @@ OPS = {
     "lion_value_decay": (lambda *a: pallas_kernels.lion_value_decay(*a, interpret=False),
                          shapes(50, 1024, 8, 16, (16,))),  # ListOps, one length bucket
     "silu_l2": (lambda x: silu_l2(x, interpret=False), [((256, 200, 3, 64), BF16)]),
+    "silu_l2_qkv": (lambda p, bias: qkv_layer(p, bias, heads=3),
+                    [((256, 200, 3 * 3 * 64), BF16), ((3 * 3 * 64,), F32)]),
     "causal": (lambda *a: pallas_kernels.causal_linear_attention(
         *a, interpret=False, backend="triton"), shapes(4, 4096, 16, 64, ())),
     "causal_per_feature": (lambda *a: pallas_kernels.causal_linear_attention(
@@ -48,6 +51,12 @@ OPS = {
     "lion": (lambda *a: pallas_kernels.bidirectional_linear_attention(
         *a, interpret=False, backend="triton"), shapes(4, 4096, 16, 64, ())),
 }
+
+
+def qkv_layer(p, bias, heads):
+    """``silu_l2_qkv``'s q, k and v side by side again, in p's shape (a layer to chain)."""
+    out = jnp.concatenate(silu_l2_qkv(p, bias, heads, interpret=False), axis=-2)
+    return out.reshape(p.shape)
 
 
 @contextlib.contextmanager

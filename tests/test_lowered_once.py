@@ -22,6 +22,8 @@ CASES = {
     "lion_dense (Triton)": (lowering_cost.OPS["lion_dense_triton"][0], shapes(2, 37, 2, 32, ())),
     "lion_value_decay": (lowering_cost.OPS["lion_value_decay"][0], shapes(2, 50, 2, 16, (16,))),
     "silu_l2": (lambda x: silu_l2(x, interpret=False), [((2, 50, 2, 64), BF16)]),
+    "silu_l2_qkv": (lowering_cost.OPS["silu_l2_qkv"][0], [((2, 50, 3 * 3 * 64), BF16),
+                                                          ((3 * 3 * 64,), F32)]),
     "causal_linear_attention": (lowering_cost.OPS["causal"][0], shapes(2, 100, 2, 32, ())),
     "causal_linear_attention, a decay per key feature": (
         lowering_cost.OPS["causal_per_feature"][0], shapes(2, 100, 2, 32, (32,))),
