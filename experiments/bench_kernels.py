@@ -14,7 +14,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             every chunk of 64 sums to >= -6.4 and takes the one-product path of
             pallas_kernels/per_feature.py, where chunks of stronger decay walk), and the same
             with its backward's float32 scan products as one TF32 pass instead of three bf16
-            ones (pallas_causal_per_feature_tf32: the A/B of :func:`per_feature_products`)
+            ones (pallas_causal_per_feature_tf32), and with the chunk-parallel bf16 backward
+            (pallas_causal_per_feature_chunks, ``PER_FEATURE_BACKWARD = "chunks"``): the
+            A/Bs of :func:`traced_under`
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
@@ -107,24 +109,28 @@ def causal_per_feature(q, k, v, g):
 
 
 @contextlib.contextmanager
-def per_feature_products(preset):
-    """The per-feature backward's float32 scan products for 16-bit inputs
-    (``pallas_kernels.linear_attention.FLOAT32_X3``, read when the op is traced) as ``preset``
-    while an op is traced, compiled and timed inside; JAX's caches are cleared on entry and
-    exit, so no trace of the other preset is reused."""
+def traced_under(settings):
+    """``pallas_kernels.linear_attention``'s module settings ``{name: value}`` (read when the
+    op is traced: ``FLOAT32_X3``, ``PER_FEATURE_BACKWARD``) in place while an op is traced,
+    compiled and timed inside; JAX's caches are cleared on entry and exit, so no trace under
+    other settings is reused."""
     from pallas_kernels import linear_attention
-    default = linear_attention.FLOAT32_X3
+    saved = {name: getattr(linear_attention, name) for name in settings}
     jax.clear_caches()
-    linear_attention.FLOAT32_X3 = preset
+    for name, value in settings.items():
+        setattr(linear_attention, name, value)
     try:
         yield
     finally:
-        linear_attention.FLOAT32_X3 = default
+        for name, value in saved.items():
+            setattr(linear_attention, name, value)
         jax.clear_caches()
 
 
-# cases timed under per_feature_products(preset)
-PRODUCTS = {"pallas_causal_per_feature_tf32": jax.lax.DotAlgorithmPreset.TF32_TF32_F32}
+# cases timed under their settings of pallas_kernels.linear_attention (traced_under)
+SETTINGS = {
+    "pallas_causal_per_feature_tf32": {"FLOAT32_X3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32},
+    "pallas_causal_per_feature_chunks": {"PER_FEATURE_BACKWARD": "chunks"}}
 
 
 def jax_cases(quick):
@@ -144,7 +150,7 @@ def jax_cases(quick):
     cases["pallas_lion_plain"] = lambda q, k, v, g: (  # non-normalised (LION-RETNET's form)
         pallas_kernels.bidirectional_linear_attention(q, k, v, g, normalize=False))
     cases["pallas_causal_per_feature"] = causal_per_feature
-    cases.update({name: causal_per_feature for name in PRODUCTS})  # traced under their preset
+    cases.update({name: causal_per_feature for name in SETTINGS})  # traced under their settings
     cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),
@@ -262,7 +268,7 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
 
     def timer(name, f):
         def timed():
-            with (per_feature_products(PRODUCTS[name]) if name in PRODUCTS
+            with (traced_under(SETTINGS[name]) if name in SETTINGS
                   else contextlib.nullcontext()):
                 return time_jax(f, (jq, jk, jv, jg), reps)
         return timed
@@ -405,6 +411,7 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     for peer in ("cudnn_full", "xla_chunk_lion")] + [
     ("pallas_causal_2pass", "jla_simple_gla"), ("pallas_causal_seq", "jla_simple_gla"),
     ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
+    ("pallas_causal_per_feature_chunks", "jla_gla"),
     ("pallas_lion_plain", "jla_lion_2pass"),
     ("pallas_lion_plain", "cudnn_full")]
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op

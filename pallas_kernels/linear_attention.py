@@ -65,6 +65,7 @@ from pallas_kernels.chunk_scan import chunk_scan, fit_layout
 from pallas_kernels.pair_sums import causal_pair_sums, lion_pair_sums
 from pallas_kernels.per_feature import (FLOAT32_X3, chunk_scan_per_feature,
                                        chunk_states_per_feature)
+from pallas_kernels.per_feature_grads import bounded, per_feature_grads
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 from pallas_kernels.two_pass import (BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper,
                                      output_block_v)
@@ -75,6 +76,13 @@ ALGORITHMS = ("sequential", "two_pass")
 # 1.4-2.3x faster than "sequential" forward+backward at L = 4K and 16K, D = 64 and 128, for the
 # causal and LION ops; its forward was within 10 % (causal, D = 128) or faster.
 DEFAULT_ALGORITHM = "two_pass"
+# The per-feature backward of bf16 inputs: "scans" (three scans and two state walks on
+# float32 operands, _per_feature_bwd) or "chunks" (pallas_kernels.per_feature_grads: products of
+# each chunk's bf16 tiles, d log_decay without sums that cancel across chunks; where every
+# chunk is bounded, the scans otherwise). Read when the op is traced. "chunks" is not yet timed
+# on a GPU: `python -m experiments.bench_kernels` times both (pallas_causal_per_feature and
+# pallas_causal_per_feature_chunks).
+PER_FEATURE_BACKWARD = "scans"
 # Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
 # padded features of q and k add exact zeros to every q . k, the padded value columns give
 # output columns that are sliced off, so the result is the unpadded op's, gradients included.
@@ -184,6 +192,11 @@ def _causal_bwd(cfg, res, cotangents):
     q, k, v, g, s0, state, h = res
     dy, d_state = cotangents
     dy = dy.astype(v.dtype)
+    if g.ndim == 4 and PER_FEATURE_BACKWARD == "chunks" and q.dtype == jnp.bfloat16:
+        return jax.lax.cond(
+            bounded(g, cfg["chunk"]),
+            lambda args: per_feature_grads(*args, chunk=cfg["chunk"], interpret=cfg["interpret"]),
+            lambda args: _per_feature_bwd(*args, cfg), (q, k, v, g, s0, dy, d_state))
     if g.ndim == 4:
         return _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg)
     if _fused_causal_backward(q, v, g, cfg):

@@ -68,24 +68,26 @@ def test_report_pairs_ours_with_jla():
     assert "| pallas_lion_plain vs jla_lion_2pass | fwd+bwd | 64 | 3.00 |" in table
 
 
-def test_per_feature_products_switch_the_traced_preset(rng):
-    """The TF32 row traces the per-feature backward with TF32 scan products and leaves the
-    default (three bf16 passes) in place afterwards."""
+@pytest.mark.parametrize("name", sorted(bench_kernels.SETTINGS))
+def test_traced_under_switches_the_settings(name):
+    """The A/B rows trace the per-feature op under their settings of
+    pallas_kernels.linear_attention (TF32 scan products; the chunk-parallel backward) and
+    leave the defaults in place afterwards, also after an error."""
     from pallas_kernels import linear_attention
-    default = linear_attention.FLOAT32_X3
-    name = "pallas_causal_per_feature_tf32"
+    settings = bench_kernels.SETTINGS[name]
     assert name in bench_kernels.jax_cases(quick=False)
-    tf32 = bench_kernels.PRODUCTS[name]
-    assert tf32 == jax.lax.DotAlgorithmPreset.TF32_TF32_F32
+    defaults = {key: getattr(linear_attention, key) for key in settings}
+    assert defaults != settings
     seen = []
-    with bench_kernels.per_feature_products(tf32):
-        seen.append(linear_attention.FLOAT32_X3)
-    assert seen == [tf32] and linear_attention.FLOAT32_X3 == default
-    with pytest.raises(ZeroDivisionError), bench_kernels.per_feature_products(tf32):
+    with bench_kernels.traced_under(settings):
+        seen.append({key: getattr(linear_attention, key) for key in settings})
+    assert seen == [settings]
+    assert {key: getattr(linear_attention, key) for key in settings} == defaults
+    with pytest.raises(ZeroDivisionError), bench_kernels.traced_under(settings):
         1 / 0
-    assert linear_attention.FLOAT32_X3 == default
+    assert {key: getattr(linear_attention, key) for key in settings} == defaults
     rows = [dict(op=op, kind="fwd+bwd", L=4096, D=64, ms=ms, mib=None)
-            for op, ms in (("pallas_causal_per_feature_tf32", 2.0), ("jla_gla", 1.0))]
-    assert ("| pallas_causal_per_feature_tf32 vs jla_gla | fwd+bwd | 64 | 0.50 |"
+            for op, ms in ((name, 2.0), ("jla_gla", 1.0))]
+    assert (f"| {name} vs jla_gla | fwd+bwd | 64 | 0.50 |"
             in bench_kernels.markdown(rows, "# test"))
 

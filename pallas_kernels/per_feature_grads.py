@@ -1,0 +1,155 @@
+"""The per-feature causal op's gradients on bf16 operands, chunk-parallel (GLA's chunk form),
+with d log_decay decomposed so that no sum cancels across chunks.
+
+The op (``linear_attention.causal_linear_attention`` with ``log_decay [B, L, H, K]``):
+``y_i = sum_{j <= i} q_i^T diag(exp(A_i - A_j)) k_j v_j^T + q_i^T diag(exp(A_i)) S0``. With
+``b`` the chunk-local inclusive cumsum of the log-decays (float32), ``b_C`` its value at the
+chunk's end, ``S_n`` the state entering chunk n (``S0`` for the first) and ``D_n`` the
+queries' state leaving it (``sum_{i > end} diag(exp(A_i - A_end)) q_i dy_i^T``, plus the
+decayed cotangent of the final state), each chunk's gradients are products of its own tiles::
+
+    qt = q e^b,  kt = k e^-b,  kg = k e^(b_C - b)         (rounded to the input dtype)
+    M = tril(dy v^T),  P = tril(qt kt^T)                  (rounded to the input dtype)
+    dq = e^b (M kt + dy S^T),   dk = e^-b (M^T qt) + e^(b_C - b) (v D^T),
+    dv = P^T dy + kg D
+
+and d log_decay per key feature, the sum over the pairs ``j < t <= i`` that the decay of
+token ``t`` spans, as four sums of which only the first cancels, and only between products of
+the same rounded tiles::
+
+    d log_decay_t = sum_{s >= t} (qt dqt - kt dkt)_s          pairs inside the chunk
+                  + sum_{s >= t} (qt (dy S^T))_s               keys before the chunk
+                  + sum_{s < t} (kg (v D^T))_s                 queries after it
+                  + e^(b_C) rowsum(S * D)                      keys before, queries after
+
+(``dqt = M kt``, ``dkt = M^T qt``). The two walks that give S and D run over the chunks as
+the forward's does (``per_feature.chunk_states_per_feature``; D on the flipped sequence),
+and S and D are rounded to the input dtype for the products.
+
+Why: the scans' form (``linear_attention._per_feature_bwd``) takes ``q . dq - k . dk`` of
+whole-sequence gradients and a chunk-end correction, whose terms cancel across chunks; on
+16-bit operands its d log_decay misses the bf16 bound (5e-3), so it runs its scans on float32
+operands. In a float64 emulation of both with bf16 rounding where a kernel rounds (L 512 and
+1024, K = V = 32 and 64, 3 seeds each, log-decays uniform in [-0.1, 0], [-0.6, 0] at chunks of
+64 and [-2.5, 0] at 16; 2026-12-06) d log_decay's relative error was 5.0e-3 to 1.6e-2 for the
+scans' form and 2.9e-3 for this one.
+
+Bounded chunks only: ``e^-b`` needs every feature's log-decays over a chunk to sum to at least
+``-per_feature.FAST_RANGE`` (20), so that the factors stay within ``e^+-20``;
+:func:`bounded` says whether they do, and the op keeps its scans otherwise. bfloat16
+inputs only: ``e^-b`` up to ``e^20`` is beyond float16's range (65504), and float32 inputs
+keep the scans' exact float32 products.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.chunk_scan import _next_pow2
+from pallas_kernels.per_feature import FAST_RANGE, chunk_states_per_feature
+
+NUM_WARPS = 4
+
+
+def bounded(g, chunk):
+    """Whether every chunk's log-decays ``g [B, L, H, K]`` (L a multiple of ``chunk``) sum to
+    at least ``-FAST_RANGE`` in every feature (a traced bool)."""
+    B, L, H, K = g.shape
+    return jnp.all(g.reshape(B, L // chunk, chunk, H, K).sum(axis=2) >= -FAST_RANGE)
+
+
+def _kernel(q_ref, k_ref, v_ref, dy_ref, b_ref, s_ref, d_ref, dq_ref, dk_ref, dv_ref, t1_ref,
+            t2_ref, cross_ref):
+    """One (b, n, h): the chunk's gradients and d log_decay's per-token terms (module
+    docstring); tiles ``[C, Kp]``, ``[C, Vp]``, states ``[Kp, Vp]``."""
+    f32 = jnp.float32
+    dtype = q_ref.dtype
+    q, k = q_ref[...].astype(f32), k_ref[...].astype(f32)
+    v, dy = v_ref[...], dy_ref[...]
+    b = b_ref[...]
+    C = b.shape[0]
+    last = b_ref[pl.ds(C - 1, 1), :]  # [1, Kp]
+    qt = (q * jnp.exp(b)).astype(dtype)
+    kt = (k * jnp.exp(-b)).astype(dtype)
+    kg = (k * jnp.exp(last - b)).astype(dtype)
+    causal = jnp.arange(C)[:, None] >= jnp.arange(C)[None, :]
+    m = jnp.where(causal, pltriton.dot(dy, v, trans_b=True), 0.0).astype(dtype)
+    p = jnp.where(causal, pltriton.dot(qt, kt, trans_b=True), 0.0).astype(dtype)
+    s, d = s_ref[...], d_ref[...]
+    dqt = pltriton.dot(m, kt)
+    dkt = pltriton.dot(m, qt, trans_a=True)
+    q_inter = pltriton.dot(dy, s, trans_b=True)
+    k_inter = pltriton.dot(v, d, trans_b=True)
+    dq_ref[...] = (jnp.exp(b) * (dqt + q_inter)).astype(dq_ref.dtype)
+    dk_ref[...] = (jnp.exp(-b) * dkt + jnp.exp(last - b) * k_inter).astype(dk_ref.dtype)
+    dv_ref[...] = (pltriton.dot(p, dy, trans_a=True) + pltriton.dot(kg, d)).astype(dv_ref.dtype)
+    qt, kt, kg = qt.astype(f32), kt.astype(f32), kg.astype(f32)
+    t1_ref[...] = qt * dqt - kt * dkt + qt * q_inter
+    t2_ref[...] = kg * k_inter
+    cross_ref[...] = jnp.exp(last) * jnp.sum(s.astype(f32) * d.astype(f32), axis=1)[None]
+
+
+def _pad_last(x, width):
+    """``x`` with its last axis zero-padded to ``width``."""
+    return jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, width - x.shape[-1]),))
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "interpret"))
+def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret):
+    """Gradients of the per-feature causal op (module docstring) for bounded chunks.
+
+    Args:
+      q, k: ``[B, L, H, K]``; v, dy: ``[B, L, H, V]``; bfloat16; L a multiple of ``chunk``.
+      g: ``[B, L, H, K]`` float32 log-decays (every chunk bounded: :func:`bounded`).
+      s0: None or the initial state ``[B, H, K, V]``; d_state: the final state's cotangent
+        ``[B, H, K, V]`` (zeros when it has none).
+    Returns:
+      ``(dq, dk, dv, d log_decay, d s0 or None)``: dq, dk, dv in the input dtype, d log_decay
+      and d s0 float32.
+    """
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    C, N = chunk, L // chunk
+    dtype = q.dtype
+    kp, vp = _next_pow2(max(K, 16)), _next_pow2(max(V, 16))
+    states, _ = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=interpret)
+    # the queries' states, by the forward walk on the flipped sequence: its state entering
+    # flipped chunk m is sum_{i >= L - mC} diag(exp(A_i - A_{L - mC})) q_i dy_i^T, and the
+    # flipped log-decays are g shifted by one token (the reverse walk decays on leaving one)
+    shifted = jnp.concatenate([g[:, 1:], jnp.zeros_like(g[:, :1])], axis=1)
+    flipped, first = chunk_states_per_feature(jnp.flip(q, 1), jnp.flip(dy, 1),
+                                              jnp.flip(shifted, 1), d_state, chunk=C,
+                                              interpret=interpret)
+    leaving = jnp.flip(flipped, 2) * jnp.exp(
+        jnp.swapaxes(shifted[:, C - 1::C], 1, 2))[..., None]  # D_n: one token more decay
+    ds0 = None if s0 is None else jnp.exp(g[:, 0])[..., None] * first
+    b = jnp.cumsum(g.reshape(B, N, C, H, K), axis=2).reshape(B, L, H, K)
+    q, k, b = (_pad_last(x, kp) for x in (q, k, b))
+    v, dy = (_pad_last(x, vp) for x in (v, dy))
+    s, d = (jnp.pad(x.astype(dtype), ((0, 0),) * 3 + ((0, kp - K), (0, vp - V)))
+            for x in (states, leaving))
+    tok_k = pl.BlockSpec((None, C, None, kp), lambda b, n, h: (b, n, h, 0))
+    tok_v = pl.BlockSpec((None, C, None, vp), lambda b, n, h: (b, n, h, 0))
+    state = pl.BlockSpec((None, None, None, kp, vp), lambda b, n, h: (b, h, n, 0, 0))
+    row = pl.BlockSpec((None, None, 1, kp), lambda b, n, h: (b, h, n, 0))
+    outs = [(q.shape, dtype, tok_k), (k.shape, dtype, tok_k), (v.shape, dtype, tok_v),
+            (q.shape, jnp.float32, tok_k), (q.shape, jnp.float32, tok_k),
+            ((B, H, N, kp), jnp.float32, row)]
+    dq, dk, dv, t1, t2, cross = pl.pallas_call(
+        _kernel, grid=(B, N, H),
+        in_specs=[tok_k, tok_k, tok_v, tok_v, tok_k, state, state],
+        out_specs=[spec for _, _, spec in outs],
+        out_shape=[jax.ShapeDtypeStruct(shape, dt) for shape, dt, _ in outs],
+        compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
+        interpret=interpret, name="per_feature_grads")(q, k, v, dy, b, s, d)
+
+    def in_chunks(x):
+        return x[..., :K].reshape(B, N, C, H, K)
+    t1, t2 = in_chunks(t1), in_chunks(t2)
+    suffix = jnp.flip(jnp.cumsum(jnp.flip(t1, 2), axis=2), 2)
+    prefix = jnp.cumsum(t2, axis=2) - t2
+    d_log_decay = suffix + prefix + jnp.swapaxes(cross[..., :K], 1, 2)[:, :, None]
+    return (dq[..., :K], dk[..., :K], dv[..., :V], d_log_decay.reshape(B, L, H, K), ds0)
