@@ -64,8 +64,8 @@ from pallas_kernels.causal_backward import supported as causal_backward_supporte
 from pallas_kernels.chunk_scan import chunk_scan, fit_layout
 from pallas_kernels.pair_sums import causal_pair_sums, lion_pair_sums
 from pallas_kernels.per_feature import (FLOAT32_X3, chunk_scan_per_feature,
-                                       chunk_states_per_feature)
-from pallas_kernels.per_feature_grads import bounded, per_feature_grads
+                                       chunk_states_per_feature, leaving_states, mild_chunks)
+from pallas_kernels.per_feature_grads import per_feature_grads
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 from pallas_kernels.two_pass import (BACKENDS, WALK_BLOCK_V, chunk_scan_two_pass, hopper,
                                      output_block_v)
@@ -176,10 +176,7 @@ def _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg):
     B, L, H, K = q.shape
     C, N = cfg["chunk"], L // cfg["chunk"]
     after = jnp.concatenate([states[:, :, 1:], final[:, :, None]], axis=2)  # S_n
-    # D_n: the reverse states hold decays to token (n + 1) C; one more token to the chunk end
-    next_first = jnp.concatenate([g[:, C::C], jnp.zeros_like(g[:, :1])], axis=1)  # [B, N, H, K]
-    ends = jnp.sum(after * queries * jnp.exp(next_first.transpose(0, 2, 1, 3))[..., None],
-                   axis=-1)  # [B, H, N, K]
+    ends = jnp.sum(after * leaving_states(queries, g, C), axis=-1)  # S_n . D_n: [B, H, N, K]
     terms = (q32 * dq - k32 * dk).reshape(B, N, C, H, K)
     in_chunk = jnp.flip(jnp.cumsum(jnp.flip(terms, 2), axis=2), 2)
     dA = (in_chunk + ends.transpose(0, 2, 1, 3)[:, :, None]).reshape(B, L, H, K)
@@ -194,7 +191,7 @@ def _causal_bwd(cfg, res, cotangents):
     dy = dy.astype(v.dtype)
     if g.ndim == 4 and PER_FEATURE_BACKWARD == "chunks" and q.dtype == jnp.bfloat16:
         return jax.lax.cond(
-            bounded(g, cfg["chunk"]),
+            mild_chunks(g, cfg["chunk"]),
             lambda args: per_feature_grads(*args, chunk=cfg["chunk"], interpret=cfg["interpret"]),
             lambda args: _per_feature_bwd(*args, cfg), (q, k, v, g, s0, dy, d_state))
     if g.ndim == 4:

@@ -348,6 +348,23 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
     return prefix_states(u, decay, s0, block_k=PREFIX_BLOCK_K, block_v=bv, interpret=interpret)
 
 
+def _reversed(log_decay):
+    """The log-decays ``[B, L, ...]`` of a reverse scan run as a forward scan of the flipped
+    tokens: the reverse recurrence decays on leaving a token, so shifted by one, then
+    flipped."""
+    shifted = jnp.concatenate([log_decay[:, 1:], jnp.zeros_like(log_decay[:, :1])], axis=1)
+    return jnp.flip(shifted, axis=1)
+
+
+def mild_chunks(log_decay, chunk):
+    """Whether every chunk's log-decays ``[B, L, H, K]`` (L a multiple of ``chunk``) sum to at
+    least ``-FAST_RANGE`` in every feature (a traced bool): GLA's one-product form, whose
+    factors ``e^+-b`` stay within ``e^FAST_RANGE``, takes them all."""
+    B, L, H, K = log_decay.shape
+    sums = jnp.sum(log_decay.reshape(B, L // chunk, chunk, H, K), axis=2)
+    return jnp.min(sums) >= -FAST_RANGE
+
+
 @functools.partial(jax.jit, static_argnames=("decay_on", "reverse", "strict", "chunk",
                                              "block_v", "out_dtype", "interpret", "num_warps",
                                              "num_stages", "return_states", "precision",
@@ -399,11 +416,10 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     kwargs = dict(decay_on=decay_on, strict=strict, chunk=chunk, block_v=block_v,
                   out_dtype=out_dtype, interpret=interpret, num_warps=num_warps,
                   num_stages=num_stages, return_states=return_states, precision=precision)
-    if reverse:  # the reverse recurrence decays on leaving a token: shift by one, then flip
+    if reverse:
         flip = functools.partial(jnp.flip, axis=1)
-        g = jnp.concatenate([log_decay[:, 1:], jnp.zeros_like(log_decay[:, :1])], axis=1)
         o, state, *out_states = chunk_scan_per_feature(
-            flip(q), flip(k), flip(v), flip(g), initial_state,
+            flip(q), flip(k), flip(v), _reversed(log_decay), initial_state,
             states=None if states is None else jnp.flip(states, axis=2), **kwargs)
         if state is not None:
             first = jnp.exp(log_decay[:, 0].astype(jnp.float32))  # the decay entering token 0
@@ -426,8 +442,7 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
 
             three_passes = functools.partial(_three_passes, q, k, v, g, initial_state,
                                              **passes)
-            chunk_sums = jnp.sum(g.reshape(B, L // chunk, chunk, H, kp), axis=2)
-            return jax.lax.cond(jnp.min(chunk_sums) >= -FAST_RANGE, one_kernel, three_passes)
+            return jax.lax.cond(mild_chunks(g, chunk), one_kernel, three_passes)
     return _three_passes(q, k, v, g, initial_state, states=states, **passes)
 
 
@@ -471,16 +486,23 @@ def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v
     return out + (s_in[..., :K, :V],) if return_states else out
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "interpret", "precision"))
+@functools.partial(jax.jit, static_argnames=("chunk", "interpret", "precision", "reverse"))
 def chunk_states_per_feature(k, v, log_decay, initial_state=None, *, chunk=64,
-                             interpret=False, precision=None):
-    """The forward key-decay scan's states only (passes A and B, no outputs).
+                             interpret=False, precision=None, reverse=False):
+    """The key-decay scan's states only (passes A and B, no outputs).
 
-    Args: k ``[B, L, H, K]``, v ``[B, L, H, V]``, log_decay ``[B, L, H, K]``, initial_state
-    and precision as for :func:`chunk_scan_per_feature` (decay_on="key"). Returns
+    Args: k ``[B, L, H, K]``, v ``[B, L, H, V]``, log_decay ``[B, L, H, K]``, initial_state,
+    precision and reverse as for :func:`chunk_scan_per_feature` (decay_on="key"). Returns
     ``(states [B, H, N, K, V], final [B, H, K, V])`` float32, ``states`` as that function's
-    ``return_states``.
+    ``return_states`` and ``final`` as its final state (reverse: decayed by token 0's decay).
     """
+    if reverse:
+        flip = functools.partial(jnp.flip, axis=1)
+        states, final = chunk_states_per_feature(
+            flip(k), flip(v), _reversed(log_decay), initial_state, chunk=chunk,
+            interpret=interpret, precision=precision)
+        first = jnp.exp(log_decay[:, 0].astype(jnp.float32))  # the decay entering token 0
+        return jnp.flip(states, axis=2), final * first[..., None]
     K, V = k.shape[-1], v.shape[-1]
     _, k, v, kp, bv, vp, exact, params = pad_layout(k, k, v, 64, None, 2)
     precision = exact if precision is None else precision
@@ -489,3 +511,13 @@ def chunk_states_per_feature(k, v, log_decay, initial_state=None, *, chunk=64,
                                  kp=kp, vp=vp, params=params, precision=precision,
                                  interpret=interpret)
     return s_in[..., :K, :V], state[:, :, :K, :V]
+
+
+def leaving_states(reverse_states, log_decay, chunk):
+    """The reverse key-decay scan's states (:func:`chunk_states_per_feature` with
+    ``reverse=True``, ``[B, H, N, K, V]``: decays to token ``(n + 1) C``) decayed by one token
+    more, to the end of chunk n: ``sum_{j > end} diag(exp(A_j - A_end)) k_j v_j^T`` (plus the
+    decayed initial state)."""
+    next_first = jnp.concatenate([log_decay[:, chunk::chunk],
+                                  jnp.zeros_like(log_decay[:, :1])], axis=1)  # [B, N, H, K]
+    return reverse_states * jnp.exp(jnp.swapaxes(next_first, 1, 2))[..., None]

@@ -23,7 +23,7 @@ the same rounded tiles::
                   + e^(b_C) rowsum(S * D)                      keys before, queries after
 
 (``dqt = M kt``, ``dkt = M^T qt``). The two walks that give S and D run over the chunks as
-the forward's does (``per_feature.chunk_states_per_feature``; D on the flipped sequence),
+the forward's does (``per_feature.chunk_states_per_feature``; D in reverse),
 and S and D are rounded to the input dtype for the products.
 
 Why: the scans' form (``linear_attention._per_feature_bwd``) takes ``q . dq - k . dk`` of
@@ -36,7 +36,7 @@ scans' form and 2.9e-3 for this one.
 
 Bounded chunks only: ``e^-b`` needs every feature's log-decays over a chunk to sum to at least
 ``-per_feature.FAST_RANGE`` (20), so that the factors stay within ``e^+-20``;
-:func:`bounded` says whether they do, and the op keeps its scans otherwise. bfloat16
+:func:`per_feature.mild_chunks` says whether they do, and the op keeps its scans otherwise. bfloat16
 inputs only: ``e^-b`` up to ``e^20`` is beyond float16's range (65504), and float32 inputs
 keep the scans' exact float32 products.
 """
@@ -48,17 +48,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _next_pow2
-from pallas_kernels.per_feature import FAST_RANGE, chunk_states_per_feature
+from pallas_kernels.chunk_scan import _next_pow2, reverse_cumsum
+from pallas_kernels.per_feature import chunk_states_per_feature, leaving_states
 
 NUM_WARPS = 4
-
-
-def bounded(g, chunk):
-    """Whether every chunk's log-decays ``g [B, L, H, K]`` (L a multiple of ``chunk``) sum to
-    at least ``-FAST_RANGE`` in every feature (a traced bool)."""
-    B, L, H, K = g.shape
-    return jnp.all(g.reshape(B, L // chunk, chunk, H, K).sum(axis=2) >= -FAST_RANGE)
 
 
 def _kernel(q_ref, k_ref, v_ref, dy_ref, b_ref, s_ref, d_ref, dq_ref, dk_ref, dv_ref, t1_ref,
@@ -103,7 +96,7 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret):
 
     Args:
       q, k: ``[B, L, H, K]``; v, dy: ``[B, L, H, V]``; bfloat16; L a multiple of ``chunk``.
-      g: ``[B, L, H, K]`` float32 log-decays (every chunk bounded: :func:`bounded`).
+      g: ``[B, L, H, K]`` float32 log-decays (every chunk mild: ``per_feature.mild_chunks``).
       s0: None or the initial state ``[B, H, K, V]``; d_state: the final state's cotangent
         ``[B, H, K, V]`` (zeros when it has none).
     Returns:
@@ -116,16 +109,11 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret):
     dtype = q.dtype
     kp, vp = _next_pow2(max(K, 16)), _next_pow2(max(V, 16))
     states, _ = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=interpret)
-    # the queries' states, by the forward walk on the flipped sequence: its state entering
-    # flipped chunk m is sum_{i >= L - mC} diag(exp(A_i - A_{L - mC})) q_i dy_i^T, and the
-    # flipped log-decays are g shifted by one token (the reverse walk decays on leaving one)
-    shifted = jnp.concatenate([g[:, 1:], jnp.zeros_like(g[:, :1])], axis=1)
-    flipped, first = chunk_states_per_feature(jnp.flip(q, 1), jnp.flip(dy, 1),
-                                              jnp.flip(shifted, 1), d_state, chunk=C,
-                                              interpret=interpret)
-    leaving = jnp.flip(flipped, 2) * jnp.exp(
-        jnp.swapaxes(shifted[:, C - 1::C], 1, 2))[..., None]  # D_n: one token more decay
-    ds0 = None if s0 is None else jnp.exp(g[:, 0])[..., None] * first
+    # the queries' states, by the reverse walk of (q, dy); its end state is d s0
+    queries, first = chunk_states_per_feature(q, dy, g, d_state, chunk=C, interpret=interpret,
+                                              reverse=True)
+    leaving = leaving_states(queries, g, C)  # D_n
+    ds0 = None if s0 is None else first
     b = jnp.cumsum(g.reshape(B, N, C, H, K), axis=2).reshape(B, L, H, K)
     q, k, b = (_pad_last(x, kp) for x in (q, k, b))
     v, dy = (_pad_last(x, vp) for x in (v, dy))
@@ -149,7 +137,7 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret):
     def in_chunks(x):
         return x[..., :K].reshape(B, N, C, H, K)
     t1, t2 = in_chunks(t1), in_chunks(t2)
-    suffix = jnp.flip(jnp.cumsum(jnp.flip(t1, 2), axis=2), 2)
+    suffix = reverse_cumsum(t1, axis=2)
     prefix = jnp.cumsum(t2, axis=2) - t2
     d_log_decay = suffix + prefix + jnp.swapaxes(cross[..., :K], 1, 2)[:, :, None]
     return (dq[..., :K], dk[..., :K], dv[..., :V], d_log_decay.reshape(B, L, H, K), ds0)

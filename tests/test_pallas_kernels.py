@@ -602,8 +602,8 @@ def test_per_feature_mild_and_strong_chunks(rng, fast_range):
 
 def test_per_feature_scan_states(rng):
     """chunk_scan_per_feature's return_states (forward and reverse) and chunk_states_per_feature
-    against a float64 token-by-token recurrence, with an initial state; the states given back
-    (``states=``) give the same outputs."""
+    (forward and reverse) against a float64 token-by-token recurrence, with an initial state;
+    the states given back (``states=``) give the same outputs."""
     from pallas_kernels.per_feature import chunk_scan_per_feature, chunk_states_per_feature
     B, L, H, K, V, C = 1, 48, 2, 16, 32, 16
     _, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "mild", per_feature=True)
@@ -636,6 +636,10 @@ def test_per_feature_scan_states(rng):
     states, final = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=True)
     check_close([states, final], [np.stack(forward, axis=2), S], jnp.float32,
                 ["states", "final"])
+    # reverse: the end state decayed by token 0's decay, as chunk_scan_per_feature's
+    states, final = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=True, reverse=True)
+    check_close([states, final], [np.stack(reverse, axis=2), np.exp(g64[:, 0])[..., None] * R],
+                jnp.float32, ["reverse states", "reverse final"])
 
 
 @pytest.mark.parametrize("on_key,with_s0", [(True, True), (False, False)])
