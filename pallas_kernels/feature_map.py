@@ -32,7 +32,8 @@ from pallas_kernels.chunk_scan import _next_pow2
 
 # Rows per program (default). `python -m experiments.profile_kernels --feature_map` on one H100
 # (2026-12-06) at [256, 200, 3, 64] bf16, forward / forward + backward in ms: 64 rows at 4 warps
-# 0.048 / 0.057, 128 rows at 4 warps 0.094 / 0.123, 128 at 8 warps 0.062 / 0.082.
+# 0.048 / 0.057, 128 rows at 4 warps 0.094 / 0.123, 128 at 8 warps 0.062 / 0.082
+# (docs/benchmarks.md, "Measurements behind the kernels' defaults").
 ROWS = 64
 MAX_DIM = 256
 NUM_WARPS = 4

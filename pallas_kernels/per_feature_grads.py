@@ -29,10 +29,10 @@ and S and D are rounded to the input dtype for the products.
 Why: the scans' form (``linear_attention._per_feature_bwd``) takes ``q . dq - k . dk`` of
 whole-sequence gradients and a chunk-end correction, whose terms cancel across chunks; on
 16-bit operands its d log_decay misses the bf16 bound (5e-3), so it runs its scans on float32
-operands. In a float64 emulation of both with bf16 rounding where a kernel rounds (L 512 and
-1024, K = V = 32 and 64, 3 seeds each, log-decays uniform in [-0.1, 0], [-0.6, 0] at chunks of
-64 and [-2.5, 0] at 16; 2026-12-06) d log_decay's relative error was 5.0e-3 to 1.6e-2 for the
-scans' form and 2.9e-3 for this one.
+operands. Emulated in float64 with bf16 rounding where a kernel rounds (`python -m
+experiments.dlog_decay_forms`, 2026-12-06: L 512 and 1024, K = V = 32 and 64, log-decays
+uniform in [-0.1, 0] to [-1.2, 0]), d log_decay's relative error was 5.1e-3 to 9.5e-3 in the
+scans' form and 2.8e-3 to 2.9e-3 in this one, as in this kernel (docs/benchmarks.md).
 
 Bounded chunks only: ``e^-b`` needs every feature's log-decays over a chunk to sum to at least
 ``-per_feature.FAST_RANGE`` (20), so that the factors stay within ``e^+-20``;

@@ -5,9 +5,10 @@ each way, as Pallas kernels (Triton lowering).
 With the three projections as separate arrays, XLA multiplies by the three kernels as one
 GEMM anyway, then copies each third out with its bias (three passes over the tokens), the map
 reads q and k again, and the backward's weight gradient concatenates the three cotangents
-inside a Triton GEMM fusion (split-K): on one H100 (2026-12-06, ViT-T LION-S train step at
-224 px, batch 256) the bias copies took 0.57 ms, the maps 1.11 and that GEMM 0.68 of the step's
-20.5 (docs/benchmarks.md, "Where LION-S's train step loses to ViT's"). Here the forward reads
+inside a Triton GEMM fusion (split-K): in a profile of ViT-T's LION-S train step at 224 px
+(one H100, 2026-12-06) the maps' kernels and XLA's work around q, k, v took 3.29 ms of a
+19.50 ms device step, that GEMM fusion 0.68 of it, and with this kernel 1.50 of 18.14
+(docs/benchmarks.md, "Where LION-S's train step loses to ViT's"). Here the forward reads
 ``p`` once and writes q, k and v; the backward reads ``p`` and the three cotangents once and
 writes ``dp`` as one ``[N, 3 H K]`` array, whose weight and input gradients are then plain
 cuBLAS GEMMs, and each program's column sums of ``dp`` for the biases' gradient. Per row
