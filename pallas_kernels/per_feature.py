@@ -426,8 +426,7 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
             state = state * (first[..., :, None] if decay_on == "key" else first[..., None, :])
         return (flip(o), state, *(jnp.flip(x, axis=2) for x in out_states))
     on_key = decay_on == "key"
-    B, L, H, K = q.shape
-    V = v.shape[-1]
+    K, V = q.shape[-1], v.shape[-1]
     q, k, v, kp, bv, vp, exact, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
     precision = exact if precision is None else precision
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp if on_key else vp)
