@@ -327,6 +327,7 @@ def sweep(B, L, H, dims, reps, rng):
     from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
     from pallas_kernels.chunk_scan import BOTH
     from pallas_kernels.causal_backward import causal_backward
+    from pallas_kernels.mosaic_causal_warps import causal_forward_warps
     from pallas_kernels.per_feature import chunk_scan_per_feature
     from pallas_kernels.two_pass import chunk_scan_two_pass, chunk_states
     print(f"sweep: two-pass stages, B={B} L={L} H={H} bf16 (ms)")
@@ -378,6 +379,12 @@ def sweep(B, L, H, dims, reps, rng):
         stages[f"causal forward, one Mosaic kernel, {splits} runs"] = (
             lambda q, k, v, dy, g, *_, s=splits: chunk_scan_two_pass(
                 q, k, v, g, out_dtype=jnp.bfloat16, fused=True, splits=s))
+    for splits in (1, 2, 4):  # the warp-specialized forward (mosaic_causal_warps.py)
+        stages[f"causal forward, warp-specialized, {splits} runs"] = (
+            lambda q, k, v, dy, g, *_, s=splits: causal_forward_warps(q, k, v, g, splits=s))
+    if "jla_simple_gla" in (jla := jla_cases()):  # the peer's forward, in the same run
+        stages["jla simple_gla forward"] = lambda q, k, v, dy, g, *_: jla["jla_simple_gla"](
+            q, k, v, g)
     for block_v, warps in ((32, 4), (64, 4), (64, 8)):
         stages[f"causal forward block_v={block_v} warps={warps}"] = (
             lambda q, k, v, dy, g, *_, b=block_v, w=warps: chunk_scan_two_pass(

@@ -15,6 +15,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import two_pass
 from pallas_kernels.mosaic_causal import causal_forward_mosaic, supported
+from pallas_kernels.mosaic_causal_warps import causal_forward_warps
 
 ON_GPU = jax.default_backend() == "gpu"
 if ON_GPU and float(getattr(jax.devices()[0], "compute_capability", "0")) < 9.0:
@@ -83,8 +84,18 @@ CASES = [  # L, K, V, dtype, decay, initial state, splits, store_states ("mild" 
 ]
 
 
-@pytest.mark.parametrize("L,K,V,dtype,decay,with_s0,splits,store", CASES)
-def test_against_float64(L, K, V, dtype, decay, with_s0, splits, store):
+# The warp-specialized kernel in the interpreter (jax 0.11.2): each warpgroup runs as its own
+# XLA CPU program, and at Kp = 128 (or 32 V columns) only two of the three were ever started
+# on the 2-core CI machine (the third waits for a thread while the two wait on its barriers),
+# so the CPU runs its Kp = 64 cases and the GPU all of them.
+KERNELS = [(causal_forward_mosaic, case) for case in CASES] + [
+    (causal_forward_warps, case) for case in CASES if ON_GPU or case[1] == 64]
+
+
+@pytest.mark.parametrize("kernel,case", KERNELS,
+                         ids=[f"{f.__name__}-{i}" for i, (f, _) in enumerate(KERNELS)])
+def test_against_float64(kernel, case):
+    L, K, V, dtype, decay, with_s0, splits, store = case
     seed = np.random.SeedSequence().entropy % 2**32
     B, H = 2, 3
     q, k, v, g = inputs(seed, B, L, H, K, V, dtype, decay)
@@ -92,7 +103,7 @@ def test_against_float64(L, K, V, dtype, decay, with_s0, splits, store):
     if with_s0:
         s0 = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((B, H, K, V)) * 0.3,
                          jnp.float32)
-    outs = jax.jit(lambda *a: causal_forward_mosaic(
+    outs = jax.jit(lambda *a: kernel(
         *a, splits=splits, store_states=store, interpret=INTERPRET))(q, k, v, g, s0)
     assert outs[0].dtype == dtype and outs[0].shape == v.shape
     assert outs[1].dtype == jnp.float32 and outs[1].shape == (B, H, K, V)
@@ -176,11 +187,12 @@ def test_runs_agree(decay):
         assert rel_err(many[1], one[1]) <= (5e-3 if decay == "mild" else 1e-5)
 
 
-def test_strongest_decay_no_nan():
+@pytest.mark.parametrize("kernel", [causal_forward_mosaic, causal_forward_warps])
+def test_strongest_decay_no_nan(kernel):
     """log-decay -20 on every token: e^A underflows to 0 within a chunk, no inf or NaN."""
     q, k, v, _ = inputs(3, 1, 256, 2, 64, 64, jnp.bfloat16, "mild")
     g = jnp.full((1, 256, 2), -20.0, jnp.float32)
-    y, final = causal_forward_mosaic(q, k, v, g, interpret=INTERPRET)
+    y, final = kernel(q, k, v, g, interpret=INTERPRET)
     want, _, want_final = reference(q, k, v, g, None, 64)
     assert rel_err(y, want) <= Y_TOL and rel_err(final, want_final) <= FINAL_TOL
 
@@ -237,3 +249,19 @@ def test_supported_reasons():
     with pytest.raises(ValueError, match="splits must divide"):
         causal_forward_mosaic(*inputs(0, 1, 256, 1, 64, 64, jnp.bfloat16, "mild"), splits=3,
                               interpret=INTERPRET)
+
+
+def test_warps_bad_inputs():
+    """The warp-specialized kernel refuses per-feature decay, float32 and unpadded head dims
+    with one line naming the problem."""
+    q, k, v, g = inputs(1, 1, 128, 1, 64, 64, jnp.bfloat16, "mild")
+    with pytest.raises(ValueError, match="scalar log-decays"):
+        causal_forward_warps(q, k, v, jnp.broadcast_to(g[..., None], q.shape))
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        causal_forward_warps(q.astype(jnp.float32), k, v.astype(jnp.float32), g)
+    with pytest.raises(ValueError, match="Kp = 64 or 128"):
+        causal_forward_warps(q[..., :48], k[..., :48], v, g)
+    with pytest.raises(ValueError, match="splits must divide"):
+        causal_forward_warps(q, k, v, g, splits=3)
+    with pytest.raises(ValueError, match="block_v must be one of"):
+        causal_forward_warps(q, k, v, g, block_v=48)

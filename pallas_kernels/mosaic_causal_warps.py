@@ -1,0 +1,311 @@
+"""The causal chunked forward pass (scalar decay) as one warp-specialized Mosaic GPU kernel.
+
+Same math and rounding as ``mosaic_causal.causal_forward_mosaic`` (read its docstring for
+``A``, ``e^A``, ``e^tail`` and the one-product form), split across three warpgroups of one
+program per (b, h, V-block j, run r):
+
+- warpgroup 2 (memory): TMA copies of chunk n's q, k ``[C, Kp]``, v ``[C, BV]`` and its decay
+  rows into slot ``n % stages``, once both others have released the slot;
+- warpgroup 0 (the state chain): holds ``S [Kp, BV]`` float32 in registers; per chunk writes
+  S rounded to the input dtype into one of two shared-memory tiles (the stored state ``h``
+  and the outputs' operand) and signals it, then ``S <- e^(A_last) S + (K e^tail)^T V`` (one
+  wgmma, ``K e^tail`` written into its own tile): the only serial work, and nothing else;
+- warpgroup 1 (outputs): ``W`` from ``Q K^T`` with the decay mask (or in the one-product form
+  ``(Q e^A)(K e^-A)^T``), then ``y = W V + (Q e^A) S`` with W and ``Q e^A`` as register
+  operands, once warpgroup 0 has signalled chunk n's state; y goes out by TMA.
+
+The outputs of chunk n overlap the state update of chunk n + 1, and the loads run ahead by
+``stages`` chunks. Barriers: ``loaded`` (per input and slot, TMA bytes), ``consumed`` (per slot,
+two arrivals), ``state_ready`` and ``state_free`` (per state tile).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
+from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, ONE_PRODUCT_RANGE
+from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
+from pallas_kernels.mosaic_tiles import ROWS, WGMMA, row_and_column_tiles, rows_of
+
+# Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64, 2 at 128).
+STAGES = (3, 2)
+# V columns per program: 64 (mosaic_causal's BLOCK_V), or 32 for twice the programs at the
+# cost of reading q and k twice.
+BLOCK_VS = (64, 32)
+# Registers per thread: the memory warpgroup gives its share to the two computing ones.
+MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
+
+
+def smem_bytes(chunk, kp, bv, itemsize, stages):
+    """Shared memory of one program: ``stages`` slots of q, k, v and three decay rows; the
+    chain's decayed keys and two state tiles; the outputs' decayed keys, W, two y tiles and the
+    mask's transposed row tile; the float32 state tile (first and last state)."""
+    slot = (2 * chunk * kp + chunk * bv) * itemsize + 3 * 4 * chunk
+    chain = (chunk * kp + 2 * kp * bv) * itemsize
+    outputs = (chunk * kp + chunk * chunk + 2 * chunk * bv) * itemsize + 4 * chunk * chunk
+    return stages * slot + chain + outputs + 4 * kp * bv
+
+
+def _tile16(width):
+    """The shared-memory transforms of a 16-bit tile ``width`` columns wide (>= 32)."""
+    if width >= 64:
+        return _TILE16
+    return plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64)
+
+
+def pick_stages(kp, itemsize, chunk=CHUNK, bv=BLOCK_V):
+    """The most pipeline slots of ``STAGES`` that fit in shared memory (the last if none)."""
+    fits = [s for s in STAGES if smem_bytes(chunk, kp, bv, itemsize, s) + 4096 <= SMEM_BYTES]
+    return (fits or STAGES[-1:])[0]
+
+
+def supported(q, v, chunk=CHUNK, stages=None, block_v=BLOCK_V):
+    """None when :func:`causal_forward_warps` takes these padded inputs, else why."""
+    if block_v not in BLOCK_VS:
+        return f"block_v must be one of {BLOCK_VS} (got {block_v})"
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
+        return (f"the warp-specialized causal forward takes bf16 or fp16 inputs (got "
+                f"{q.dtype}, {v.dtype})")
+    kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
+    if kp % 64 or kp > 128 or vp % BLOCK_V:
+        return (f"the warp-specialized causal forward needs Kp = 64 or 128 and Vp a multiple "
+                f"of {BLOCK_V} (got Kp={kp}, Vp={vp})")
+    if chunk != CHUNK or L % chunk:
+        return (f"the warp-specialized causal forward takes chunks of {CHUNK} dividing L (got "
+                f"{chunk}, L={L})")
+    stages = stages or pick_stages(kp, q.dtype.itemsize, chunk, block_v)
+    need = smem_bytes(chunk, kp, block_v, q.dtype.itemsize, stages) + 4096
+    if need > SMEM_BYTES:
+        return (f"the warp-specialized causal forward at Kp = {kp} with {stages} stages needs "
+                f"{need} bytes of shared memory (at most {SMEM_BYTES})")
+    return None
+
+
+def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stages, store,
+            factored):
+    """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
+
+    q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; ``decay_ref [3, B, H, L]`` float32 rows (A,
+    e^A, e^tail); s0 ``[B, H, R, Kp, Vp]`` float32 (the state entering each run) or None;
+    outputs y ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (``store``), ends ``[B, H, R, Kp, Vp]``
+    float32. ``factored``: every chunk's log-decays sum to at least ``-ONE_PRODUCT_RANGE``.
+    """
+    refs = list(refs)
+    y_ref = refs.pop(0)
+    h_ref = refs.pop(0) if store else None
+    end_ref = refs.pop(0)
+    b, hd, j, r = (lax.axis_index(a) for a in "bhjr")
+    wg = lax.axis_index("wg")
+    cols = pl.ds(j * bv, bv)
+    kp = q_ref.shape[-1]
+    dtype = q_ref.dtype
+    f32 = jnp.float32
+    first = r * run
+    tokens = lambda n: pl.ds((first + n) * chunk, chunk)
+    slot_of = lambda n, count: lax.rem(n, jnp.asarray(count, n.dtype))
+
+    def body(bufs, loaded, consumed, state_ready, state_free, s_bar):
+        q_buf, k_buf, v_buf, rows_buf, kt_s, st_buf, kd_s, w_s, y_buf, t_buf, s32 = bufs
+
+        def load(n, slot):
+            seq = tokens(n)
+            plgpu.copy_gmem_to_smem(q_ref.at[b, seq, hd, :], q_buf.at[slot], loaded[0].at[slot])
+            plgpu.copy_gmem_to_smem(k_ref.at[b, seq, hd, :], k_buf.at[slot], loaded[1].at[slot])
+            plgpu.copy_gmem_to_smem(v_ref.at[b, seq, hd, cols], v_buf.at[slot],
+                                    loaded[2].at[slot])
+            for x in range(3):
+                plgpu.copy_gmem_to_smem(decay_ref.at[x, b, hd, seq], rows_buf.at[slot, x],
+                                        loaded[3 + x].at[slot])
+
+        def wait_loaded(slot, which):
+            for x in which:
+                plgpu.barrier_wait(loaded[x].at[slot])
+
+        @pl.when(wg == 2)
+        def _memory():
+            plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+            for n in range(min(stages, run)):
+                load(jnp.int32(n), n)
+
+            @pl.loop(0, max(run - stages, 0))
+            def _(n):
+                slot = slot_of(n, stages)
+                plgpu.barrier_wait(consumed.at[slot])
+                load(n + stages, slot)
+
+            @pl.loop(max(run - stages, 0), run)
+            def _(n):  # every release observed before the barriers go
+                plgpu.barrier_wait(consumed.at[slot_of(n, stages)])
+
+        @pl.when(wg == 0)
+        def _chain():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            if s0_ref is None:
+                state = plgpu.layout_cast(jnp.zeros((kp, bv), f32), WGMMA)
+            else:
+                plgpu.copy_gmem_to_smem(s0_ref.at[b, hd, r, :, cols], s32, s_bar.at[0])
+                plgpu.barrier_wait(s_bar.at[0])
+                state = plgpu.load(s32, layout=WGMMA)
+
+            def step(n, state):
+                slot, half = slot_of(n, stages), slot_of(n, 2)
+
+                @pl.when(n >= 2)
+                def _():  # the outputs are done with chunk n - 2's state tile
+                    plgpu.barrier_wait(state_free.at[half])
+
+                if store:  # and its copy to h has read it
+                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                st_s = st_buf.at[half]
+                st_s[...] = state.astype(dtype)  # the state entering chunk n
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(state_ready.at[half])
+                if store:
+                    plgpu.copy_smem_to_gmem(st_s, h_ref.at[b, hd, first + n, :, cols])
+                wait_loaded(slot, (1, 2, 4, 5))
+                tail = rows_of(plgpu.load(rows_buf.at[slot, 2], layout=ROWS), (chunk, kp))
+                kt_s[...] = (plgpu.load(k_buf.at[slot], layout=WGMMA).astype(f32)
+                             * tail).astype(dtype)
+                plgpu.commit_smem()
+
+                def mma(acc):
+                    plgpu.wgmma(acc, kt_s.transpose((1, 0)), v_buf.at[slot])
+                    return acc[...]
+
+                update = pl.run_scoped(mma, plgpu.ACC((kp, bv), f32))
+                decay = rows_buf[slot, 1, chunk - 1]
+                plgpu.barrier_arrive(consumed.at[slot])
+                return state * decay + update
+
+            state = lax.fori_loop(0, run, step, state)
+
+            @pl.loop(max(run - 2, 0), run)
+            def _(n):  # the last two state tiles' releases observed before the barriers go
+                plgpu.barrier_wait(state_free.at[slot_of(n, 2)])
+
+            s32[...] = state
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(s32, end_ref.at[b, hd, r, :, cols])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 1)
+        def _outputs():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            causal = (plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0),
+                                        WGMMA)
+                      >= plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1),
+                                           WGMMA))
+
+            def scores(a_s, b_s):
+                def mma(acc):
+                    plgpu.wgmma(acc, a_s, b_s.transpose((1, 0)))
+                    return acc[...]
+
+                return pl.run_scoped(mma, plgpu.ACC((chunk, chunk), f32))
+
+            @pl.loop(0, run)
+            def _(n):
+                slot, half = slot_of(n, stages), slot_of(n, 2)
+                wait_loaded(slot, (0, 1, 2, 3, 4))
+                a_s, eh_s = rows_buf.at[slot, 0], rows_buf.at[slot, 1]
+                q = plgpu.load(q_buf.at[slot], layout=WGMMA).astype(f32)
+                qd = (q * rows_of(plgpu.load(eh_s, layout=ROWS), q.shape)).astype(dtype)
+                if factored:  # (Q e^A)(K e^-A)^T
+                    k = plgpu.load(k_buf.at[slot], layout=WGMMA).astype(f32)
+                    down = rows_of(jnp.exp(-plgpu.load(a_s, layout=ROWS)), k.shape)
+                    kd_s[...] = (k * down).astype(dtype)
+                    q_buf[slot] = qd  # the slot's q is done with: Q e^A takes it
+                    plgpu.commit_smem()
+                    w = jnp.where(causal, scores(q_buf.at[slot], kd_s), 0.0)
+                else:  # Q K^T masked by exp(A_i - A_j), exponents <= 0 where kept
+                    s = scores(q_buf.at[slot], k_buf.at[slot])
+                    a_i, a_j = row_and_column_tiles(a_s, t_buf, s.shape)
+                    w = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
+                    q_buf[slot] = qd
+                    plgpu.commit_smem()
+                w_s[...] = w.astype(dtype)  # (the interpreter takes no register operands)
+                plgpu.commit_smem()
+                plgpu.barrier_wait(state_ready.at[half])
+
+                def mma(acc):
+                    plgpu.wgmma(acc, w_s, v_buf.at[slot])
+                    plgpu.wgmma(acc, q_buf.at[slot], st_buf.at[half])
+                    return acc[...]
+
+                y = pl.run_scoped(mma, plgpu.ACC((chunk, bv), f32))
+                plgpu.barrier_arrive(state_free.at[half])
+                plgpu.barrier_arrive(consumed.at[slot])
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # y tile of chunk n - 2 read
+                y_s = y_buf.at[half]
+                y_s[...] = y.astype(dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(y_s, y_ref.at[b, tokens(n), hd, cols])
+
+            plgpu.wait_smem_to_gmem(0)
+
+    bufs = [plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
+            plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
+            plgpu.SMEM((stages, chunk, bv), dtype, transforms=_tile16(bv)),
+            plgpu.SMEM((stages, 3, chunk), f32),
+            plgpu.SMEM((chunk, kp), dtype, transforms=_TILE16),
+            plgpu.SMEM((2, kp, bv), dtype, transforms=_tile16(bv)),
+            plgpu.SMEM((chunk, kp), dtype, transforms=_TILE16),
+            plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16),
+            plgpu.SMEM((2, chunk, bv), dtype, transforms=_tile16(bv)),
+            plgpu.SMEM((chunk, chunk), f32),
+            plgpu.SMEM((kp, bv), f32, transforms=_TILE32)]
+    pl.run_scoped(
+        lambda *a: body(*a), bufs, [plgpu.Barrier(num_barriers=stages)] * 6,
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages), plgpu.Barrier(num_barriers=2),
+        plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=1), collective_axes="wg")
+
+
+def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
+                         stages=None, block_v=BLOCK_V, interpret=None):
+    """``mosaic_causal.causal_forward_mosaic`` (scalar decay ``g [B, L, H]``) in the
+    warp-specialized kernel: same arguments, results and rounding; ``block_v``: V columns per
+    program (``BLOCK_VS``); ``stages`` None: :func:`pick_stages`."""
+    if g.ndim != 3:
+        raise ValueError(f"the warp-specialized causal forward takes scalar log-decays "
+                         f"[B, L, H] (got {g.shape}); per-feature decay: causal_forward_mosaic")
+    if (reason := supported(q, v, chunk, stages, block_v)) is not None:
+        raise ValueError(reason)
+    B, L, H, kp = q.shape
+    stages = stages or pick_stages(kp, q.dtype.itemsize, chunk, block_v)
+    vp = v.shape[-1]
+    N, nvb = L // chunk, vp // block_v
+    if splits < 1 or N % splits:
+        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
+    if splits > 1:  # the state entering each run: the runs walked from zero, then scanned
+        w, d = stacked_decay_factors(g, chunk, (False,))
+        ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=splits,
+                           store=False, interpret=interpret)[0]
+        s0 = entering_states(ends[0], d[0], s0, reverse=False)
+    elif s0 is not None:
+        s0 = s0[:, :, None]
+    out_type = [jax.ShapeDtypeStruct((B, L, H, vp), q.dtype)]
+    if store_states:
+        out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
+    out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
+    decay = mask_rows(g, chunk)
+
+    def kernel(factored):
+        return plgpu.kernel(
+            functools.partial(_kernel, chunk=chunk, run=N // splits, bv=block_v, stages=stages,
+                              store=store_states, factored=factored),
+            out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
+            num_threads=3, thread_name="wg", interpret=interpret,
+        )(q, k, v, decay, s0)
+
+    if q.dtype != jnp.bfloat16:
+        y, *rest = kernel(factored=False)
+    else:
+        mild = jnp.min(jnp.sum(g.reshape(B, N, chunk, H), axis=2)) >= -ONE_PRODUCT_RANGE
+        y, *rest = lax.cond(mild, lambda: kernel(True), lambda: kernel(False))
+    final = rest[-1][:, :, -1]
+    return (y, final, rest[0]) if store_states else (y, final)
