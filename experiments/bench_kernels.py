@@ -322,8 +322,8 @@ def cross_check_with_fla(rng):
 def sweep(B, L, H, dims, reps, rng):
     """Times the stages of the two-pass ops (states walks, output kernels, fused backward
     kernels, with and without the forward's states kept), the one-kernel forwards
-    (``mosaic_causal.py``, per-token decay in 1-8 runs and per-feature decay) and a few launch
-    settings, at one shape (bf16, ms)."""
+    (``mosaic_causal_warps.py`` for per-token decay in 1-4 runs, ``mosaic_causal.py`` for
+    per-feature decay), jla's forward and a few launch settings, at one shape (bf16, ms)."""
     from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
     from pallas_kernels.chunk_scan import BOTH
     from pallas_kernels.causal_backward import causal_backward
@@ -350,7 +350,7 @@ def sweep(B, L, H, dims, reps, rng):
             q, k, v, g, out_dtype=jnp.bfloat16),
         "causal forward, states kept": lambda q, k, v, dy, g, *_: chunk_scan_two_pass(
             q, k, v, g, out_dtype=jnp.bfloat16, return_states=True),
-        "causal forward, states kept, one Mosaic kernel": lambda q, k, v, dy, g, *_: (
+        "causal forward, states kept, one warp-specialized kernel": lambda q, k, v, dy, g, *_: (
             chunk_scan_two_pass(q, k, v, g, out_dtype=jnp.bfloat16, return_states=True,
                                 fused=True)),
         "causal backward, recomputed": lambda q, k, v, dy, g, s, *_: causal_backward(
@@ -375,10 +375,6 @@ def sweep(B, L, H, dims, reps, rng):
             lambda q, k, v, dy, g, *_, f=fused: chunk_scan_per_feature(
                 q, k, v, jnp.broadcast_to(g[..., None], q.shape), out_dtype=jnp.bfloat16,
                 fused=f))
-    for splits in (1, 2, 4, 8):  # runs of chunks, for more programs (mosaic_causal.py)
-        stages[f"causal forward, one Mosaic kernel, {splits} runs"] = (
-            lambda q, k, v, dy, g, *_, s=splits: chunk_scan_two_pass(
-                q, k, v, g, out_dtype=jnp.bfloat16, fused=True, splits=s))
     for splits in (1, 2, 4):  # the warp-specialized forward (mosaic_causal_warps.py)
         stages[f"causal forward, warp-specialized, {splits} runs"] = (
             lambda q, k, v, dy, g, *_, s=splits: causal_forward_warps(q, k, v, g, splits=s))

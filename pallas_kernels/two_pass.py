@@ -25,8 +25,9 @@ exponents are chunk-local and summed directly (``chunk_scan.decay_factors``).
 ``causal_backward.py``). It runs the Triton states kernel below or, on Hopper GPUs, the Mosaic
 GPU walk of ``mosaic_states.py`` (same results; :func:`walk_backend` picks, ``backend=``
 forces one); the output kernels are Triton-lowered either way. With ``fused=True`` a forward
-scan whose walk runs on Mosaic GPU takes ``mosaic_causal.py`` instead: the walk and the outputs
-in one kernel, the states kept in registers (:func:`fused_forward` says when).
+scan whose walk runs on Mosaic GPU takes ``mosaic_causal_warps.py`` instead: the walk and the
+outputs in one warp-specialized kernel, the states kept in registers (:func:`fused_forward`
+says when).
 """
 
 import functools
@@ -39,8 +40,8 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, fit_layout, pad_layout, pad_state,
                                        stacked_decay_factors, walk_directions, walk_in_runs)
-from pallas_kernels.mosaic_causal import causal_forward_mosaic
-from pallas_kernels.mosaic_causal import supported as fused_forward_reason
+from pallas_kernels.mosaic_causal_warps import causal_forward_warps
+from pallas_kernels.mosaic_causal_warps import supported as fused_forward_reason
 from pallas_kernels.mosaic_states import chunk_states_mosaic
 from pallas_kernels.mosaic_states import supported as mosaic_walk_reason
 
@@ -82,6 +83,10 @@ MIN_RUN_CHUNKS = 8
 # H100 at L = 16K a 64 x 64 walk with 64 programs took 0.21 ms unsplit and 0.31 in 2 runs, one
 # with 8 programs 0.20 ms unsplit and 0.08-0.09 in 8 runs.
 MOSAIC_TARGET_PROGRAMS = 64
+# The fused forward (mosaic_causal_warps.py) splits until 128 programs: on one H200 at L = 16K,
+# B = 4, H = 16 (2026-12-06) D 64 (64 programs) took 0.460 ms in 1 run, 0.370 in 2 and 0.367
+# in 4; D 128 (128 programs) 0.595 in 1 run and 0.762 in 2.
+FUSED_TARGET_PROGRAMS = 128
 # With z, a 128 x 128 Mosaic walk spilled registers: 1.49 ms against Triton's 1.15 on an H200
 # (L = 16K); 128 x 64 took 0.35 against 0.78. backend=None walks larger states with Triton.
 MOSAIC_MAX_Z_STATE = 128 * 64
@@ -381,9 +386,11 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
       return_states: also return the states entering every chunk, ``h [B, H, N, Kp, Vp]`` in
         the input dtype, padded to the tile layout (``pad_layout``), for a backward pass.
       backend: the states walk's kernel (see :func:`walk_backend`; the output kernel is Triton).
-      fused: where :func:`fused_forward` holds, one Mosaic GPU kernel walks the chunks and
-        writes the outputs (``mosaic_causal.py``). Off by default: on one H200 it was 1.24x
-        the two passes at D = 128 and 0.81x at D = 64 (docs/benchmarks.md, 2026-12-01).
+      fused: where :func:`fused_forward` holds, one warp-specialized Mosaic GPU kernel walks
+        the chunks and writes the outputs (``mosaic_causal_warps.py``), in runs of chunks
+        until ``FUSED_TARGET_PROGRAMS``. Off by default until timed through the op: on one
+        H200 (L 16K, 2026-12-06) the kernel took 0.370 ms against the two passes' 0.463 at
+        D = 64 and 0.595 against 0.902 at D = 128 (docs/benchmarks.md).
     Returns:
       ``(o [B, L, H, V] out_dtype, state [B, H, K, V] float32[, h])``.
     """
@@ -398,9 +405,8 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
     if fused and fused_forward(q, k, v, chunk=chunk, reverse=reverse, strict=strict,
                                out_dtype=out_dtype, backend=backend, interpret=interpret):
         nvb = vp // WALK_BLOCK_V
-        splits = splits or pick_splits(B * H * nvb, L // chunk, kp * WALK_BLOCK_V,
-                                       backend="mosaic")
-        outs = causal_forward_mosaic(
+        splits = splits or runs_until(B * H * nvb, L // chunk, FUSED_TARGET_PROGRAMS)
+        outs = causal_forward_warps(
             q, k, v, g, s0, chunk=chunk, splits=splits, store_states=return_states,
             interpret=plgpu.InterpretGPUParams() if interpret else None)
         o, state = outs[0][..., :V], outs[1][:, :, :K, :V]

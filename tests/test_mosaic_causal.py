@@ -85,7 +85,7 @@ CASES = [  # L, K, V, dtype, decay, initial state, splits, store_states ("mild" 
 
 
 # The warp-specialized kernel in the interpreter (jax 0.11.2): each warpgroup runs as its own
-# XLA CPU program, and at Kp = 128 (or 32 V columns) only two of the three were ever started
+# XLA CPU program, and at Kp = 128 only two of the three were ever started
 # on the 2-core CI machine (the third waits for a thread while the two wait on its barriers),
 # so the CPU runs its Kp = 64 cases and the GPU all of them.
 KERNELS = [(causal_forward_mosaic, case) for case in CASES] + [
@@ -199,17 +199,17 @@ def test_strongest_decay_no_nan(kernel):
 
 def test_two_pass_takes_the_fused_kernel(monkeypatch):
     """chunk_scan_two_pass(fused=True) routes forward, non-strict 16-bit scans on the Mosaic
-    walk to the fused kernel (with the two-pass results of fused=False, the default); reverse,
+    walk to the fused (warp-specialized) kernel (with the two-pass results of fused=False, the default); reverse,
     strict and float32-output scans keep the two passes."""
     q, k, v, g = inputs(11, 1, 256, 2, 64, 64, jnp.bfloat16, "mild")
     calls = []
-    original = two_pass.causal_forward_mosaic
+    original = two_pass.causal_forward_warps
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(two_pass, "causal_forward_mosaic", spy)
+    monkeypatch.setattr(two_pass, "causal_forward_warps", spy)
     jax.clear_caches()  # trace again, with the spy
     scan = lambda **kw: two_pass.chunk_scan_two_pass(  # noqa: E731
         q, k, v, g, out_dtype=jnp.bfloat16, backend="mosaic", interpret=not ON_GPU, **kw)
@@ -263,5 +263,3 @@ def test_warps_bad_inputs():
         causal_forward_warps(q[..., :48], k[..., :48], v, g)
     with pytest.raises(ValueError, match="splits must divide"):
         causal_forward_warps(q, k, v, g, splits=3)
-    with pytest.raises(ValueError, match="block_v must be one of"):
-        causal_forward_warps(q, k, v, g, block_v=48)
