@@ -80,27 +80,33 @@ def _smem_bytes(chunk, kp, bv, itemsize, stages, per_feature):
     return max(stages * step + buffers + transposed, 4 * kp * bv)
 
 
+def layout_reason(q, v, chunk, kernel, smem):
+    """Why a one-kernel causal forward (``kernel``, its name in the message) does not take
+    these padded inputs, or None: 16-bit, Kp 64 or 128, Vp a multiple of ``BLOCK_V``, chunks
+    of ``CHUNK``, and ``smem`` (bytes, with ``4096`` to spare) within ``SMEM_BYTES``."""
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
+        return (f"the {kernel} takes bf16 or fp16 inputs (got {q.dtype}, {v.dtype}); use "
+                f"the two-pass kernels")
+    kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
+    if kp % 64 or kp > 128 or vp % BLOCK_V:
+        return (f"the {kernel} needs Kp = 64 or 128 and Vp a multiple of {BLOCK_V} (got "
+                f"Kp={kp}, Vp={vp})")
+    if chunk != CHUNK or L % chunk:
+        return f"the {kernel} takes chunks of {CHUNK} dividing L (got {chunk}, L={L})"
+    if smem + 4096 > SMEM_BYTES:
+        return (f"the {kernel} at Kp = {kp} needs {smem + 4096} bytes of shared memory (at "
+                f"most {SMEM_BYTES})")
+    return None
+
+
 def supported(q, v, chunk=CHUNK, stages=STAGES, per_feature=False):
     """None when :func:`causal_forward_mosaic` takes these (padded) inputs, else why;
     ``per_feature``: with log-decays ``[B, L, H, Kp]``."""
     if per_feature and q.dtype != jnp.bfloat16:
         return (f"the fused Mosaic causal forward with per-feature decay takes bf16 inputs "
                 f"(exp(-b) up to e^20 leaves fp16's range; got {q.dtype})")
-    if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
-        return (f"the fused Mosaic causal forward takes bf16 or fp16 inputs (got {q.dtype}, "
-                f"{v.dtype}); use the two-pass kernels")
-    kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
-    if kp % 64 or kp > 128 or vp % BLOCK_V:
-        return (f"the fused Mosaic causal forward needs Kp = 64 or 128 and Vp a multiple of "
-                f"{BLOCK_V} (got Kp={kp}, Vp={vp})")
-    if chunk != CHUNK or L % chunk:
-        return (f"the fused Mosaic causal forward takes chunks of {CHUNK} dividing L (got "
-                f"{chunk}, L={L})")
-    need = _smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages, per_feature) + 4096
-    if need > SMEM_BYTES:
-        return (f"the fused Mosaic causal forward at Kp = {kp} with {stages} stages needs "
-                f"{need} bytes of shared memory (at most {SMEM_BYTES})")
-    return None
+    smem = _smem_bytes(chunk, q.shape[-1], BLOCK_V, q.dtype.itemsize, stages, per_feature)
+    return layout_reason(q, v, chunk, f"fused Mosaic causal forward with {stages} stages", smem)
 
 
 def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run, bv, stages,
@@ -253,6 +259,22 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
     pl.run_scoped(store_end, state_smem)
 
 
+def run_states(k, v, g, s0, *, chunk, splits, interpret):
+    """The state entering each of ``splits`` runs of chunks, ``[B, H, R, Kp, Vp]`` float32 (or
+    None: one run from zero): the runs walked from zero keeping their end states
+    (``mosaic_states.walk_states``), then scanned from ``s0`` (None or ``[B, H, Kp, Vp]``);
+    g the per-token log-decays ``[B, L, H]``."""
+    N = k.shape[1] // chunk
+    if splits < 1 or N % splits:
+        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
+    if splits == 1:
+        return None if s0 is None else s0[:, :, None]
+    w, d = stacked_decay_factors(g, chunk, (False,))
+    ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=splits, store=False,
+                       interpret=interpret)[0]
+    return entering_states(ends[0], d[0], s0, reverse=False)
+
+
 def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
                           stages=STAGES, interpret=None):
     """The causal forward pass (not strict) of padded inputs in one Mosaic GPU kernel.
@@ -280,17 +302,9 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
     B, L, H, kp = q.shape
     vp = v.shape[-1]
     N, nvb = L // chunk, vp // BLOCK_V
-    if splits < 1 or N % splits:
-        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
     if per_feature and splits > 1:
         raise ValueError("per-feature decay walks the chunks in one run (splits=1)")
-    if splits > 1:  # the state entering each run: the runs walked from zero, then scanned
-        w, d = stacked_decay_factors(g, chunk, (False,))
-        ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=splits,
-                           store=False, interpret=interpret)[0]
-        s0 = entering_states(ends[0], d[0], s0, reverse=False)
-    elif s0 is not None:
-        s0 = s0[:, :, None]
+    s0 = run_states(k, v, g, s0, chunk=chunk, splits=splits, interpret=interpret)
     if per_feature:  # b: chunk-local inclusive cumsums per feature; and b at each chunk's end
         b = jnp.cumsum(g.reshape(B, N, chunk, H, kp), axis=2)
         decay, last = b.reshape(B, L, H, kp), b[:, :, -1].transpose(0, 2, 1, 3).reshape(B, H, -1)

@@ -34,9 +34,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
-from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, ONE_PRODUCT_RANGE
-from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
+from pallas_kernels.chunk_scan import mask_rows
+from pallas_kernels.mosaic_causal import (BLOCK_V, CHUNK, ONE_PRODUCT_RANGE, layout_reason,
+                                          run_states)
+from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32
 from pallas_kernels.mosaic_tiles import ROWS, WGMMA, row_and_column_tiles, rows_of
 
 # Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64, 2 at 128).
@@ -64,22 +65,10 @@ def pick_stages(kp, itemsize, chunk=CHUNK):
 
 def supported(q, v, chunk=CHUNK, stages=None):
     """None when :func:`causal_forward_warps` takes these padded inputs, else why."""
-    if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
-        return (f"the warp-specialized causal forward takes bf16 or fp16 inputs (got "
-                f"{q.dtype}, {v.dtype})")
-    kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
-    if kp % 64 or kp > 128 or vp % BLOCK_V:
-        return (f"the warp-specialized causal forward needs Kp = 64 or 128 and Vp a multiple "
-                f"of {BLOCK_V} (got Kp={kp}, Vp={vp})")
-    if chunk != CHUNK or L % chunk:
-        return (f"the warp-specialized causal forward takes chunks of {CHUNK} dividing L (got "
-                f"{chunk}, L={L})")
-    stages = stages or pick_stages(kp, q.dtype.itemsize, chunk)
-    need = smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages) + 4096
-    if need > SMEM_BYTES:
-        return (f"the warp-specialized causal forward at Kp = {kp} with {stages} stages needs "
-                f"{need} bytes of shared memory (at most {SMEM_BYTES})")
-    return None
+    stages = stages or pick_stages(q.shape[-1], q.dtype.itemsize, chunk)
+    smem = smem_bytes(chunk, q.shape[-1], BLOCK_V, q.dtype.itemsize, stages)
+    return layout_reason(q, v, chunk, f"warp-specialized causal forward with {stages} stages",
+                         smem)
 
 
 def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stages, store,
@@ -275,15 +264,7 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
     stages = stages or pick_stages(kp, q.dtype.itemsize, chunk)
     vp = v.shape[-1]
     N, nvb = L // chunk, vp // BLOCK_V
-    if splits < 1 or N % splits:
-        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
-    if splits > 1:  # the state entering each run: the runs walked from zero, then scanned
-        w, d = stacked_decay_factors(g, chunk, (False,))
-        ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=splits,
-                           store=False, interpret=interpret)[0]
-        s0 = entering_states(ends[0], d[0], s0, reverse=False)
-    elif s0 is not None:
-        s0 = s0[:, :, None]
+    s0 = run_states(k, v, g, s0, chunk=chunk, splits=splits, interpret=interpret)
     out_type = [jax.ShapeDtypeStruct((B, L, H, vp), q.dtype)]
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
