@@ -245,7 +245,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             plgpu.SMEM((chunk, chunk), f32),
             plgpu.SMEM((kp, bv), f32, transforms=_TILE32)]
     pl.run_scoped(
-        lambda *a: body(*a), bufs, [plgpu.Barrier(num_barriers=stages)] * 6,
+        body, bufs, [plgpu.Barrier(num_barriers=stages)] * 6,
         plgpu.Barrier(num_arrivals=2, num_barriers=stages), plgpu.Barrier(num_barriers=2),
         plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=1), collective_axes="wg")
 
