@@ -83,6 +83,11 @@ DEFAULT_ALGORITHM = "two_pass"
 # on a GPU: `python -m experiments.bench_kernels` times both (pallas_causal_per_feature and
 # pallas_causal_per_feature_chunks).
 PER_FEATURE_BACKWARD = "scans"
+# The causal forward of per-token decay (algorithm "two_pass"): "two_pass" (the states walk,
+# then the outputs kernel) or "fused" (chunk_scan_two_pass(fused=True): one warp-specialized
+# Mosaic GPU kernel where it applies, 16-bit inputs on Hopper). Read when the op is traced;
+# `python -m experiments.bench_kernels` times both (pallas_causal_2pass, pallas_causal_fused).
+CAUSAL_FORWARD = "two_pass"
 # Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
 # padded features of q and k add exact zeros to every q . k, the padded value columns give
 # output columns that are sliced off, so the result is the unpadded op's, gradients included.
@@ -110,7 +115,14 @@ def _scan(q, k, v, g, s0=None, *, algorithm=None, decay_on="key", **kwargs):
 def _causal(q, k, v, g, s0, cfg):
     """``(y [B, Lp, H, V] v.dtype, S_T [B, H, K, V] f32)``; Lp a multiple of the chunk;
     ``g [B, Lp, H]`` or, per feature, ``[B, Lp, H, K]``."""
-    return _scan(q, k, v, g, s0, out_dtype=v.dtype, **cfg)
+    return _scan(q, k, v, g, s0, out_dtype=v.dtype, **cfg, **_forward_switch(g, cfg))
+
+
+def _forward_switch(g, cfg):
+    """``{"fused": True}`` where ``CAUSAL_FORWARD`` picks the one-kernel causal forward and the
+    scan is the two-pass one of per-token decay, else ``{}``."""
+    use = CAUSAL_FORWARD == "fused" and cfg.get("algorithm") == "two_pass" and g.ndim == 3
+    return {"fused": True} if use else {}
 
 
 def keep_states(k_dim, v_dim, chunk):
@@ -131,7 +143,7 @@ def _causal_fwd(q, k, v, g, s0, cfg):
     if _fused_causal_backward(q, v, g, cfg) and keep_states(q.shape[-1], v.shape[-1],
                                                             cfg["chunk"]):
         y, state, h = chunk_scan_two_pass(q, k, v, g, s0, out_dtype=v.dtype, return_states=True,
-                                          **_fused_cfg(cfg))
+                                          **_fused_cfg(cfg), **_forward_switch(g, cfg))
     else:
         y, state = _causal(q, k, v, g, s0, cfg)
     return (y, state), (q, k, v, g, s0, state, h)

@@ -387,6 +387,50 @@ def test_mosaic_backend(rng, op, L, K, V, decay, flag):
                 jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names])
 
 
+# Kp = 128 only on the GPU: the interpreter's three warpgroups deadlock there on a 2-core
+# machine (tests/test_mosaic_causal.py says why)
+FUSED_CASES = [(200, 64, 48, "strong", True), (130, 40, 64, "mild", False)] + (
+    [(150, 96, 128, "mild", True)] if ON_GPU else [])
+
+
+@pytest.mark.parametrize("L,K,V,decay,with_s0", FUSED_CASES)
+def test_fused_causal_forward(rng, monkeypatch, L, K, V, decay, with_s0):
+    """``CAUSAL_FORWARD = "fused"``: the causal op's forward as one warp-specialized Mosaic GPU
+    kernel (its stored chunk states feeding the fused backward) against float64, forward and
+    gradients, bf16."""
+    from pallas_kernels import linear_attention, two_pass
+    calls = []
+    original = two_pass.causal_forward_warps
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(two_pass, "causal_forward_warps", spy)
+    monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "fused")
+    jax.clear_caches()  # trace again, under the setting and with the spy
+    B, H = 1, 2
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay)
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) if with_s0 else None
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.bfloat16)
+    fused = lambda *a: pallas_kernels.causal_linear_attention(  # noqa: E731
+        *a[:4], chunk_size=64, initial_state=a[4], backend="mosaic")
+    reference = lambda *a: ops.causal_linear_attention(  # noqa: E731
+        *a[:4], impl="attention", initial_state=a[4])
+    args = (q, k, v, g, s0)
+    got = jitted(fused)(*args)
+    got_grads, argnums = loss_and_grads(fused, args, (dy,))
+    assert calls and any(c["store_states"] for c in calls)
+    names = [["dq", "dk", "dv", "dlog_decay", "ds0"][i] for i in argnums]
+    with jax.enable_x64(True):
+        args64 = tuple(f64(a) for a in args)
+        want = jitted(reference)(*args64)
+        want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
+    check_close([got], [want], jnp.bfloat16, ["y"])
+    check_close(got_grads, want_grads, jnp.bfloat16, names)
+    jax.clear_caches()  # no trace under the setting outlives the test
+
+
 def test_mosaic_output_supported():
     """The Mosaic output kernel takes the benchmarked layouts (so backend="mosaic" above runs
     it, not the Triton one) and names why it refuses others."""
