@@ -326,9 +326,9 @@ def decay_factors(g, chunk, *, reverse):
 
 def mask_rows(g, chunk):
     """The per-token rows the Mosaic GPU chunk kernels build their masks and decayed queries
-    and keys from (``mosaic_outputs.py``, ``mosaic_causal.py``): ``[3, B, H, L]`` float32 of
-    ``A`` (chunk-local inclusive cumsums of ``g [B, L, H]``), ``e^A`` and the forward walk's
-    key factors ``exp(sum_{s > j} a_s)`` (:func:`decay_factors`)."""
+    and keys from (``mosaic_outputs.py``, ``mosaic_causal_warps.py``): ``[3, B, H, L]``
+    float32 of ``A`` (chunk-local inclusive cumsums of ``g [B, L, H]``), ``e^A`` and the
+    forward walk's key factors ``exp(sum_{s > j} a_s)`` (:func:`decay_factors`)."""
     B, L, H = g.shape
     a = jnp.cumsum(jnp.swapaxes(g, 1, 2).reshape(B, H, L // chunk, chunk), axis=-1)
     a = a.reshape(B, H, L)

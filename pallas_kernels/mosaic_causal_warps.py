@@ -1,8 +1,36 @@
-"""The causal chunked forward pass (scalar decay) as one warp-specialized Mosaic GPU kernel.
+"""The causal chunked forward pass with per-token decay as one warp-specialized Pallas Mosaic
+GPU kernel (Hopper, sm_90).
 
-Same math and rounding as ``mosaic_causal.causal_forward_mosaic`` (read its docstring for
-``A``, ``e^A``, ``e^tail`` and the one-product form), split across three warpgroups of one
-program per (b, h, V-block j, run r):
+Same math as ``two_pass.chunk_scan_two_pass`` (forward direction, not strict): for chunk n
+with chunk-local inclusive cumulative log-decays ``A`` (``A_i = sum_{s <= i} a_s``, float32),
+the state ``S`` entering the chunk and ``d = exp(A_last)``,
+
+    W = (Q K^T) * exp(A_i - A_j) [i >= j]                          [C, C]
+    O = W V + (Q * e^A) S                                          [C, BV]
+    S <- d S + (K * e^tail)^T V,   e^tail_j = exp(sum_{s > j} a_s)
+
+(``A``, ``e^A`` and ``e^tail``: the rows of ``chunk_scan.mask_rows``). The one-product form
+(GLA's): when every chunk's log-decays sum to at least ``-ONE_PRODUCT_RANGE`` (bf16 inputs;
+checked at run time, ``lax.cond`` between two builds of the kernel), ``W = (Q e^A)(K e^-A)^T``
+masked causally, every factor within ``e^+-20``: no ``C x C`` exponentials and no transposed
+tile. Per-feature decay has its one-kernel forward in ``mosaic_causal.py``.
+
+Why one kernel: the two-pass forward walks the chunks once to store every chunk's state in
+HBM (``L Kp Vp / C`` entries) and reads them back in the output kernel. Here the program that
+walks the chunks also computes their outputs, so the state stays in registers and reaches HBM
+only when the backward pass asks for it (``store_states``).
+
+Rounding as the two-pass kernels: the state is multiplied in the input dtype, W and the
+decayed keys and queries are rounded to it, products accumulate in float32. The mask's
+exponent is a difference of the chunk cumsum (off by about ulp(|A|) <= 1.2e-4 at log-decay -20
+per token, far below a 16-bit operand's 2^-9), so only 16-bit inputs are taken.
+
+Runs: with few programs (``B H Vp / BLOCK_V`` below ``two_pass.FUSED_TARGET_PROGRAMS``) the
+chunks are cut into ``splits`` runs: ``mosaic_states.walk_states`` walks each run from zero
+keeping only its end state, ``chunk_scan.entering_states`` gives the state entering each run
+(:func:`run_states`), and the kernel starts each run from its state.
+
+The work is split across three warpgroups of one program per (b, h, V-block j, run r):
 
 - warpgroup 2 (memory): TMA copies of chunk n's q, k ``[C, Kp]``, v ``[C, BV]`` and its decay
   rows into slot ``n % stages``, once both others have released the slot;
@@ -23,7 +51,8 @@ every phase of its barriers (the interpreter checks it), so the memory warpgroup
 chain wait out the last releases before the barriers go.
 
 On one H200 (L 16K, B 4, H 16, bf16; docs/benchmarks.md) it took 0.370 ms at D 64 in 2 runs and
-0.595 at D 128, against 0.527 and 0.744 for the one-warpgroup kernel.
+0.595 at D 128, against 0.527 and 0.744 for the one-warpgroup kernel (``mosaic_causal.py``,
+which then also took per-token decay).
 """
 
 import functools
@@ -34,10 +63,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import mask_rows
-from pallas_kernels.mosaic_causal import (BLOCK_V, CHUNK, ONE_PRODUCT_RANGE, layout_reason,
-                                          run_states)
-from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32
+from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
+from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, ONE_PRODUCT_RANGE, layout_reason
+from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
 from pallas_kernels.mosaic_tiles import ROWS, WGMMA, row_and_column_tiles, rows_of
 
 # Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64, 2 at 128).
@@ -250,11 +278,40 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
         plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=1), collective_axes="wg")
 
 
+def run_states(k, v, g, s0, *, chunk, splits, interpret):
+    """The state entering each of ``splits`` runs of chunks, ``[B, H, R, Kp, Vp]`` float32 (or
+    None: one run from zero): the runs walked from zero keeping their end states
+    (``mosaic_states.walk_states``), then scanned from ``s0`` (None or ``[B, H, Kp, Vp]``);
+    g the per-token log-decays ``[B, L, H]``."""
+    N = k.shape[1] // chunk
+    if splits < 1 or N % splits:
+        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
+    if splits == 1:
+        return None if s0 is None else s0[:, :, None]
+    w, d = stacked_decay_factors(g, chunk, (False,))
+    ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=splits, store=False,
+                       interpret=interpret)[0]
+    return entering_states(ends[0], d[0], s0, reverse=False)
+
+
 def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
                          stages=None, interpret=None):
-    """``mosaic_causal.causal_forward_mosaic`` (scalar decay ``g [B, L, H]``) in the
-    warp-specialized kernel: same arguments, results and rounding; ``stages`` None:
-    :func:`pick_stages`."""
+    """The causal forward pass (not strict) of padded inputs in the warp-specialized kernel.
+
+    Args:
+      q, k: ``[B, L, H, Kp]``; v: ``[B, L, H, Vp]``, bf16 or fp16, padded as
+        ``chunk_scan.pad_layout`` pads them (see :func:`supported`), L a multiple of
+        ``chunk``.
+      g: float32 per-token log-decays ``[B, L, H]`` (entries <= 0).
+      s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first token.
+      splits: runs to cut the chunks into (a power of two dividing N; module docstring).
+      store_states: also return the state entering every chunk (the backward's residual).
+      stages: pipeline slots (None: :func:`pick_stages`).
+      interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
+    Returns:
+      ``(y [B, L, H, Vp] q.dtype, final [B, H, Kp, Vp] float32)``, then with
+      ``store_states`` ``h [B, H, N, Kp, Vp]`` q.dtype.
+    """
     if g.ndim != 3:
         raise ValueError(f"the warp-specialized causal forward takes scalar log-decays "
                          f"[B, L, H] (got {g.shape}); per-feature decay: causal_forward_mosaic")

@@ -1,6 +1,6 @@
 """Register-tile helpers shared by the Mosaic GPU kernels (``mosaic_outputs.py``,
-``mosaic_causal.py``): one warpgroup's tiles in the WGMMA layout, and vectors broadcast along
-their rows or columns."""
+``mosaic_causal.py``, ``mosaic_causal_warps.py``): one warpgroup's tiles in the WGMMA layout,
+and vectors broadcast along their rows or columns."""
 
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu

@@ -452,7 +452,7 @@ def _one_kernel_reason(q, v, chunk, out_dtype, interpret):
         return "not on a Hopper GPU"
     if jnp.dtype(out_dtype) != q.dtype:
         return f"out_dtype {jnp.dtype(out_dtype)} is not the inputs' {q.dtype}"
-    return fused_forward_reason(q, v, chunk, per_feature=True)
+    return fused_forward_reason(q, v, chunk)
 
 
 def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v, out_dtype,

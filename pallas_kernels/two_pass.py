@@ -323,7 +323,7 @@ def fused_forward(q, k, v, *, chunk, reverse, strict, out_dtype, backend, interp
     """Whether :func:`chunk_scan_two_pass` can take the fused Mosaic GPU forward kernel for
     these padded inputs: a forward, non-strict scan writing the input dtype, whose states walk
     would run on Mosaic GPU (:func:`walk_backend`) and whose layout the fused kernel takes
-    (``mosaic_causal.supported``)."""
+    (``mosaic_causal_warps.supported``)."""
     if reverse or strict or jnp.dtype(out_dtype) != q.dtype:
         return False
     if fused_forward_reason(q, v, chunk) is not None:

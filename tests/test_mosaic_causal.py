@@ -1,4 +1,6 @@
-"""pallas_kernels.mosaic_causal (the fused Mosaic GPU causal forward) against float64 numpy.
+"""The one-kernel Mosaic GPU causal forwards against float64 numpy: per-token decay
+(``mosaic_causal_warps.causal_forward_warps``) and per-feature decay
+(``mosaic_causal.causal_forward_mosaic``).
 
 CPU (default): the kernel runs in the Mosaic GPU interpreter (``plgpu.InterpretGPUParams``).
 GPU (``LION_TEST_GPU=1``, compute capability >= 9.0): compiled with Mosaic GPU, and also
@@ -88,13 +90,12 @@ CASES = [  # L, K, V, dtype, decay, initial state, splits, store_states ("mild" 
 # XLA CPU program, and at Kp = 128 only two of the three were ever started
 # on the 2-core CI machine (the third waits for a thread while the two wait on its barriers),
 # so the CPU runs its Kp = 64 cases and the GPU all of them.
-KERNELS = [(causal_forward_mosaic, case) for case in CASES] + [
-    (causal_forward_warps, case) for case in CASES if ON_GPU or case[1] == 64]
+RUN_CASES = [case for case in CASES if ON_GPU or case[1] == 64]
 
 
-@pytest.mark.parametrize("kernel,case", KERNELS,
-                         ids=[f"{f.__name__}-{i}" for i, (f, _) in enumerate(KERNELS)])
-def test_against_float64(kernel, case):
+@pytest.mark.parametrize("case", RUN_CASES, ids=[f"case{CASES.index(c)}" for c in RUN_CASES])
+def test_against_float64(case):
+    """Per-token decay in the warp-specialized kernel."""
     L, K, V, dtype, decay, with_s0, splits, store = case
     seed = np.random.SeedSequence().entropy % 2**32
     B, H = 2, 3
@@ -103,7 +104,7 @@ def test_against_float64(kernel, case):
     if with_s0:
         s0 = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((B, H, K, V)) * 0.3,
                          jnp.float32)
-    outs = jax.jit(lambda *a: kernel(
+    outs = jax.jit(lambda *a: causal_forward_warps(
         *a, splits=splits, store_states=store, interpret=INTERPRET))(q, k, v, g, s0)
     assert outs[0].dtype == dtype and outs[0].shape == v.shape
     assert outs[1].dtype == jnp.float32 and outs[1].shape == (B, H, K, V)
@@ -175,8 +176,8 @@ def test_runs_agree(decay):
     states walk's keys (``K e^tail`` rounded once), so they differ from the single walk's in
     the one-product form (``mild``) by that rounding, and agree to float32 otherwise."""
     q, k, v, g = inputs(7, 1, 1024, 2, 64, 64, jnp.bfloat16, decay)
-    call = jax.jit(lambda splits: causal_forward_mosaic(q, k, v, g, splits=splits,
-                                                        interpret=INTERPRET),
+    call = jax.jit(lambda splits: causal_forward_warps(q, k, v, g, splits=splits,
+                                                       interpret=INTERPRET),
                    static_argnums=0)
     one = call(1)
     y, _, final = reference(q, k, v, g, None, 64)
@@ -187,20 +188,19 @@ def test_runs_agree(decay):
         assert rel_err(many[1], one[1]) <= (5e-3 if decay == "mild" else 1e-5)
 
 
-@pytest.mark.parametrize("kernel", [causal_forward_mosaic, causal_forward_warps])
-def test_strongest_decay_no_nan(kernel):
+def test_strongest_decay_no_nan():
     """log-decay -20 on every token: e^A underflows to 0 within a chunk, no inf or NaN."""
     q, k, v, _ = inputs(3, 1, 256, 2, 64, 64, jnp.bfloat16, "mild")
     g = jnp.full((1, 256, 2), -20.0, jnp.float32)
-    y, final = kernel(q, k, v, g, interpret=INTERPRET)
+    y, final = causal_forward_warps(q, k, v, g, interpret=INTERPRET)
     want, _, want_final = reference(q, k, v, g, None, 64)
     assert rel_err(y, want) <= Y_TOL and rel_err(final, want_final) <= FINAL_TOL
 
 
 def test_two_pass_takes_the_fused_kernel(monkeypatch):
     """chunk_scan_two_pass(fused=True) routes forward, non-strict 16-bit scans on the Mosaic
-    walk to the fused (warp-specialized) kernel (with the two-pass results of fused=False, the default); reverse,
-    strict and float32-output scans keep the two passes."""
+    walk to the fused (warp-specialized) kernel (with the two-pass results of fused=False, the
+    default); reverse, strict and float32-output scans keep the two passes."""
     q, k, v, g = inputs(11, 1, 256, 2, 64, 64, jnp.bfloat16, "mild")
     calls = []
     original = two_pass.causal_forward_warps
@@ -232,23 +232,16 @@ def test_supported_reasons():
 
     assert supported(shape(64), shape(64)) is None
     assert supported(shape(128), shape(256)) is None
-    f32 = shape(64, dtype=jnp.float32)
-    assert "bf16 or fp16" in supported(f32, f32)
+    for dtype in (jnp.float16, jnp.float32):
+        assert "bf16 inputs" in supported(shape(64, dtype=dtype), shape(64, dtype=dtype))
     assert "Kp = 64 or 128" in supported(shape(256), shape(64))
     assert "Kp = 64 or 128" in supported(shape(64), shape(96))
     assert "chunks of 64" in supported(shape(64), shape(64), chunk=128)
     assert "chunks of 64" in supported(shape(64, L=200), shape(64, L=200))
-    assert "shared memory" in supported(shape(128), shape(128), stages=8)
-    assert supported(shape(64), shape(64), per_feature=True) is None
-    assert "bf16 inputs" in supported(shape(64, dtype=jnp.float16),
-                                      shape(64, dtype=jnp.float16), per_feature=True)
-    assert "shared memory" in supported(shape(128), shape(128), stages=3, per_feature=True)
-    q, k, v, g = inputs(0, 1, 256, 1, 64, 64, jnp.bfloat16, "mild", per_feature=True)
-    with pytest.raises(ValueError, match="one run"):
-        causal_forward_mosaic(q, k, v, g, splits=2, interpret=INTERPRET)
-    with pytest.raises(ValueError, match="splits must divide"):
-        causal_forward_mosaic(*inputs(0, 1, 256, 1, 64, 64, jnp.bfloat16, "mild"), splits=3,
-                              interpret=INTERPRET)
+    assert "shared memory" in supported(shape(128), shape(128), stages=3)
+    q, k, v, g = inputs(0, 1, 256, 1, 64, 64, jnp.bfloat16, "mild")
+    with pytest.raises(ValueError, match="per-feature log-decays"):
+        causal_forward_mosaic(q, k, v, g, interpret=INTERPRET)
 
 
 def test_warps_bad_inputs():
