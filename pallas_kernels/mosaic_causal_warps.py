@@ -40,9 +40,9 @@ The work is split across three warpgroups of one program per (b, h, V-block j, r
   wgmma, ``K e^tail`` written into its own tile): the only serial work, and nothing else;
 - warpgroup 1 (outputs): ``W`` from ``Q K^T`` with the decay mask (or in the one-product form
   ``(Q e^A)(K e^-A)^T``), then ``y = W V + (Q e^A) S`` once warpgroup 0 has signalled chunk
-  n's state; y goes out by TMA. W and ``Q e^A`` reach the wgmmas through shared memory (``Q
-  e^A`` over the slot's q): the Mosaic GPU interpreter, which the CPU tests run, takes no
-  register operands (jax 0.11.2).
+  n's state; y goes out by TMA. W and ``Q e^A`` are the wgmmas' register operands when
+  compiled; in the Mosaic GPU interpreter (the CPU tests), which takes no register operands
+  (jax 0.11.2), they go through shared memory (``Q e^A`` over the slot's q).
 
 The outputs of chunk n overlap the state update of chunk n + 1, and the loads run ahead by
 ``stages`` chunks. Barriers: ``loaded`` (per input and slot, TMA bytes), ``consumed`` (per slot,
@@ -100,13 +100,14 @@ def supported(q, v, chunk=CHUNK, stages=None):
 
 
 def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stages, store,
-            factored):
+            factored, registers):
     """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; ``decay_ref [3, B, H, L]`` float32 rows (A,
     e^A, e^tail); s0 ``[B, H, R, Kp, Vp]`` float32 (the state entering each run) or None;
     outputs y ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (``store``), ends ``[B, H, R, Kp, Vp]``
-    float32. ``factored``: every chunk's log-decays sum to at least ``-ONE_PRODUCT_RANGE``.
+    float32. ``factored``: every chunk's log-decays sum to at least ``-ONE_PRODUCT_RANGE``;
+    ``registers``: W and ``Q e^A`` as register operands (else through shared memory).
     """
     refs = list(refs)
     y_ref = refs.pop(0)
@@ -228,26 +229,33 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
                 a_s, eh_s = rows_buf.at[slot, 0], rows_buf.at[slot, 1]
                 q = plgpu.load(q_buf.at[slot], layout=WGMMA).astype(f32)
                 qd = (q * rows_of(plgpu.load(eh_s, layout=ROWS), q.shape)).astype(dtype)
+                if registers:
+                    q_op = qd
+                else:  # the slot's q is done with once Q K^T is read: Q e^A takes it
+                    q_op = q_buf.at[slot]
                 if factored:  # (Q e^A)(K e^-A)^T
                     k = plgpu.load(k_buf.at[slot], layout=WGMMA).astype(f32)
                     down = rows_of(jnp.exp(-plgpu.load(a_s, layout=ROWS)), k.shape)
                     kd_s[...] = (k * down).astype(dtype)
-                    q_buf[slot] = qd  # the slot's q is done with: Q e^A takes it
+                    if not registers:
+                        q_buf[slot] = qd
                     plgpu.commit_smem()
-                    w = jnp.where(causal, scores(q_buf.at[slot], kd_s), 0.0)
+                    w = jnp.where(causal, scores(q_op, kd_s), 0.0)
                 else:  # Q K^T masked by exp(A_i - A_j), exponents <= 0 where kept
                     s = scores(q_buf.at[slot], k_buf.at[slot])
                     a_i, a_j = row_and_column_tiles(a_s, t_buf, s.shape)
                     w = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
-                    q_buf[slot] = qd
+                    if not registers:
+                        q_buf[slot] = qd
+                w_op = w.astype(dtype)
+                if not registers:
+                    w_s[...], w_op = w_op, w_s
                     plgpu.commit_smem()
-                w_s[...] = w.astype(dtype)  # (the interpreter takes no register operands)
-                plgpu.commit_smem()
                 plgpu.barrier_wait(state_ready.at[half])
 
                 def mma(acc):
-                    plgpu.wgmma(acc, w_s, v_buf.at[slot])
-                    plgpu.wgmma(acc, q_buf.at[slot], st_buf.at[half])
+                    plgpu.wgmma(acc, w_op, v_buf.at[slot])
+                    plgpu.wgmma(acc, q_op, st_buf.at[half])
                     return acc[...]
 
                 y = pl.run_scoped(mma, plgpu.ACC((chunk, bv), f32))
@@ -295,7 +303,7 @@ def run_states(k, v, g, s0, *, chunk, splits, interpret):
 
 
 def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
-                         stages=None, interpret=None):
+                         stages=None, interpret=None, registers=None):
     """The causal forward pass (not strict) of padded inputs in the warp-specialized kernel.
 
     Args:
@@ -308,6 +316,8 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
       store_states: also return the state entering every chunk (the backward's residual).
       stages: pipeline slots (None: :func:`pick_stages`).
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
+      registers: W and ``Q e^A`` as the wgmmas' register operands (None: when compiled; the
+        interpreter takes none).
     Returns:
       ``(y [B, L, H, Vp] q.dtype, final [B, H, Kp, Vp] float32)``, then with
       ``store_states`` ``h [B, H, N, Kp, Vp]`` q.dtype.
@@ -331,7 +341,8 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
     def kernel(factored):
         return plgpu.kernel(
             functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
-                              store=store_states, factored=factored),
+                              store=store_states, factored=factored,
+                              registers=interpret is None if registers is None else registers),
             out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
             num_threads=3, thread_name="wg", interpret=interpret,
         )(q, k, v, decay, s0)
