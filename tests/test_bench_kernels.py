@@ -70,9 +70,10 @@ def test_report_pairs_ours_with_jla():
 
 @pytest.mark.parametrize("name", sorted(bench_kernels.SETTINGS))
 def test_traced_under_switches_the_settings(name):
-    """The A/B rows trace the per-feature op under their settings of
-    pallas_kernels.linear_attention (TF32 scan products; the chunk-parallel backward) and
-    leave the defaults in place afterwards, also after an error."""
+    """The A/B rows trace their op under their settings of pallas_kernels.linear_attention
+    (TF32 scan products and the chunk-parallel backward of the per-feature op; the causal
+    op's one-kernel forward) and leave the defaults in place afterwards, also after an error;
+    the report sets them against jla."""
     from pallas_kernels import linear_attention
     settings = bench_kernels.SETTINGS[name]
     assert name in bench_kernels.jax_cases(quick=False)
@@ -86,8 +87,9 @@ def test_traced_under_switches_the_settings(name):
     with pytest.raises(ZeroDivisionError), bench_kernels.traced_under(settings):
         1 / 0
     assert {key: getattr(linear_attention, key) for key in settings} == defaults
+    peer = next(p for o, p in bench_kernels.RATIOS if o == name and p.startswith("jla"))
     rows = [dict(op=op, kind="fwd+bwd", L=4096, D=64, ms=ms, mib=None)
-            for op, ms in ((name, 2.0), ("jla_gla", 1.0))]
-    assert (f"| {name} vs jla_gla | fwd+bwd | 64 | 0.50 |"
+            for op, ms in ((name, 2.0), (peer, 1.0))]
+    assert (f"| {name} vs {peer} | fwd+bwd | 64 | 0.50 |"
             in bench_kernels.markdown(rows, "# test"))
 
