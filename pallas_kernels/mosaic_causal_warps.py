@@ -52,7 +52,7 @@ chain wait out the last releases before the barriers go.
 
 On one H200 (L 16K, B 4, H 16, bf16; docs/benchmarks.md) it took 0.370 ms at D 64 in 2 runs and
 0.595 at D 128, against 0.527 and 0.744 for the one-warpgroup kernel (``mosaic_causal.py``,
-which then also took per-token decay).
+which then also took per-token decay), with W and ``Q e^A`` then through shared memory.
 """
 
 import functools
