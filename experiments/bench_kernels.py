@@ -9,8 +9,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             pallas_kernels.bidirectional_linear_attention (LION, per-token decay, normalised),
             each with algorithm="sequential" (_seq) and "two_pass" (_2pass: backend=None,
             i.e. Mosaic GPU states walks on Hopper; _2pass_triton: every kernel Triton;
-            _fused: the causal forward as one warp-specialized Mosaic GPU kernel,
-            ``CAUSAL_FORWARD = "fused"``); LION
+            the causal forward is one warp-specialized Mosaic GPU kernel there, and
+            pallas_causal_two_kernels times it as the states walk and the outputs kernel,
+            ``CAUSAL_FORWARD = "two_pass"``); LION
             non-normalised (pallas_lion_plain); the causal op with per-feature decay
             [B, L, H, K] (pallas_causal_per_feature; with these log-decays, in [-0.1, 0],
             every chunk of 64 sums to >= -6.4 and takes the one-product path of
@@ -133,7 +134,7 @@ def traced_under(settings):
 SETTINGS = {
     "pallas_causal_per_feature_tf32": {"FLOAT32_X3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32},
     "pallas_causal_per_feature_chunks": {"PER_FEATURE_BACKWARD": "chunks"},
-    "pallas_causal_fused": {"CAUSAL_FORWARD": "fused"}}
+    "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"}}
 
 
 def jax_cases(quick):
@@ -155,7 +156,7 @@ def jax_cases(quick):
     cases["pallas_causal_per_feature"] = causal_per_feature
     cases.update({name: causal_per_feature for name in SETTINGS  # traced under their settings
                   if name.startswith("pallas_causal_per_feature")})
-    cases["pallas_causal_fused"] = cases["pallas_causal_2pass"]  # traced under its setting
+    cases["pallas_causal_two_kernels"] = cases["pallas_causal_2pass"]  # under its setting
     cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),
@@ -412,13 +413,14 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_lion_2pass", "pallas_lion_seq"),
     ("pallas_causal_2pass", "pallas_causal_2pass_triton"),
     ("pallas_lion_2pass", "pallas_lion_2pass_triton"),
-] + [(f"pallas_causal_{a}", peer) for a in ("seq", "2pass", "fused")
+] + [(f"pallas_causal_{a}", peer) for a in ("seq", "2pass")
      for peer in ("fla_simple_gla_gamma", "fla_simple_gla_g", "fla_linear_attn", "cudnn_causal",
                   "xla_chunk_causal")] + [
     (f"pallas_lion_{a}", peer) for a in ("seq", "2pass")
     for peer in ("cudnn_full", "xla_chunk_lion")] + [
     ("pallas_causal_2pass", "jla_simple_gla"), ("pallas_causal_seq", "jla_simple_gla"),
-    ("pallas_causal_fused", "jla_simple_gla"), ("pallas_causal_fused", "pallas_causal_2pass"),
+    ("pallas_causal_two_kernels", "jla_simple_gla"),
+    ("pallas_causal_2pass", "pallas_causal_two_kernels"),
     ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
     ("pallas_causal_per_feature_chunks", "jla_gla"),
     ("pallas_lion_plain", "jla_lion_2pass"),

@@ -83,11 +83,17 @@ DEFAULT_ALGORITHM = "two_pass"
 # on a GPU: `python -m experiments.bench_kernels` times both (pallas_causal_per_feature and
 # pallas_causal_per_feature_chunks).
 PER_FEATURE_BACKWARD = "scans"
-# The causal forward of per-token decay (algorithm "two_pass"): "two_pass" (the states walk,
-# then the outputs kernel) or "fused" (chunk_scan_two_pass(fused=True): one warp-specialized
-# Mosaic GPU kernel where it applies, 16-bit inputs on Hopper). Read when the op is traced;
-# `python -m experiments.bench_kernels` times both (pallas_causal_2pass, pallas_causal_fused).
-CAUSAL_FORWARD = "two_pass"
+# The causal forward of per-token decay (algorithm "two_pass"): "fused"
+# (chunk_scan_two_pass(fused=True): one warp-specialized Mosaic GPU kernel where it applies,
+# 16-bit inputs on Hopper), "two_pass" (the states walk, then the outputs kernel), or "auto":
+# fused when compiled, the two passes in the interpreter (which runs the fused kernel's three
+# warpgroups as three XLA CPU programs; on a 2-core machine the third may never start,
+# tests/test_mosaic_causal.py). On one H200 (2026-12-06, B 4, H 16, L 16K, bf16) fused took
+# the op's forward from 0.455 to 0.336 ms at D 64 and from 0.908 to 0.557 at D 128, forward +
+# backward from 1.456 to 1.275 and from 2.609 to 2.364 (docs/benchmarks.md). Read when the op
+# is traced; `python -m experiments.bench_kernels` times both (pallas_causal_2pass, the
+# default, and pallas_causal_two_kernels).
+CAUSAL_FORWARD = "auto"
 # Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
 # padded features of q and k add exact zeros to every q . k, the padded value columns give
 # output columns that are sliced off, so the result is the unpadded op's, gradients included.
@@ -121,7 +127,10 @@ def _causal(q, k, v, g, s0, cfg):
 def _forward_switch(g, cfg):
     """``{"fused": True}`` where ``CAUSAL_FORWARD`` picks the one-kernel causal forward and the
     scan is the two-pass one of per-token decay, else ``{}``."""
-    use = CAUSAL_FORWARD == "fused" and cfg.get("algorithm") == "two_pass" and g.ndim == 3
+    mode = CAUSAL_FORWARD
+    if mode == "auto":
+        mode = "two_pass" if cfg["interpret"] else "fused"
+    use = mode == "fused" and cfg.get("algorithm") == "two_pass" and g.ndim == 3
     return {"fused": True} if use else {}
 
 

@@ -388,9 +388,8 @@ def chunk_scan_two_pass(q, k, v, log_decay, initial_state=None, *, reverse=False
       backend: the states walk's kernel (see :func:`walk_backend`; the output kernel is Triton).
       fused: where :func:`fused_forward` holds, one warp-specialized Mosaic GPU kernel walks
         the chunks and writes the outputs (``mosaic_causal_warps.py``), in runs of chunks
-        until ``FUSED_TARGET_PROGRAMS``. Off by default until timed through the op: on one
-        H200 (L 16K, 2026-12-06) the kernel took 0.370 ms against the two passes' 0.463 at
-        D = 64 and 0.595 against 0.902 at D = 128 (docs/benchmarks.md).
+        until ``FUSED_TARGET_PROGRAMS``. The causal op passes it when compiled
+        (``linear_attention.CAUSAL_FORWARD``; timings in docs/benchmarks.md).
     Returns:
       ``(o [B, L, H, V] out_dtype, state [B, H, K, V] float32[, h])``.
     """

@@ -72,7 +72,7 @@ def test_report_pairs_ours_with_jla():
 def test_traced_under_switches_the_settings(name):
     """The A/B rows trace their op under their settings of pallas_kernels.linear_attention
     (TF32 scan products and the chunk-parallel backward of the per-feature op; the causal
-    op's one-kernel forward) and leave the defaults in place afterwards, also after an error;
+    op's forward as two kernels) and leave the defaults in place afterwards, also after an error;
     the report sets them against jla."""
     from pallas_kernels import linear_attention
     settings = bench_kernels.SETTINGS[name]

@@ -431,6 +431,22 @@ def test_fused_causal_forward(rng, monkeypatch, L, K, V, decay, with_s0):
     jax.clear_caches()  # no trace under the setting outlives the test
 
 
+def test_causal_forward_auto(monkeypatch):
+    """``CAUSAL_FORWARD = "auto"`` (the default) takes the one-kernel forward when compiled and
+    the two passes in the interpreter; only the two-pass algorithm's per-token decay has it."""
+    from pallas_kernels import linear_attention
+    assert linear_attention.CAUSAL_FORWARD == "auto"
+    switch = linear_attention._forward_switch
+    scalar, per_feature = jnp.zeros((1, 64, 2)), jnp.zeros((1, 64, 2, 16))
+    compiled = dict(algorithm="two_pass", interpret=False)
+    assert switch(scalar, compiled) == {"fused": True}
+    assert switch(scalar, dict(compiled, interpret=True)) == {}
+    assert switch(scalar, dict(compiled, algorithm="sequential")) == {}
+    assert switch(per_feature, compiled) == {}
+    monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "two_pass")
+    assert switch(scalar, compiled) == {}
+
+
 def test_mosaic_output_supported():
     """The Mosaic output kernel takes the benchmarked layouts (so backend="mosaic" above runs
     it, not the Triton one) and names why it refuses others."""
