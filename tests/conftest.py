@@ -55,6 +55,26 @@ def _fresh_jax_caches():
 
 
 @pytest.fixture
+def spy(monkeypatch):
+    """``spy(module, name)``: from then on every call of ``module.name`` still runs and
+    appends its keyword arguments to the returned list; JAX's caches are cleared so that the
+    next traces call it (undone at the test's end)."""
+    def install(module, name):
+        calls = []
+        original = getattr(module, name)
+
+        def recorded(*args, **kwargs):
+            calls.append(kwargs)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+        jax.clear_caches()
+        return calls
+
+    return install
+
+
+@pytest.fixture
 def rng(request):
     """A fresh numpy Generator per test; the seed is printed on failure for reproduction
     (``LION_TEST_SEED=<seed> pytest ...`` replays it)."""

@@ -146,20 +146,12 @@ def test_per_feature_against_float64(L, K, V, decay, with_s0, store):
 
 
 @pytest.mark.parametrize("decay", ["mild", "strong"])
-def test_per_feature_scan_takes_the_fused_kernel(decay, monkeypatch):
+def test_per_feature_scan_takes_the_fused_kernel(decay, spy):
     """chunk_scan_per_feature(fused=True): mild inputs run the fused kernel, others the three
     passes (lax.cond at run time); both give the float64 results."""
     from pallas_kernels import per_feature
 
-    calls = []
-    original = per_feature.causal_forward_mosaic
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(per_feature, "causal_forward_mosaic", spy)
-    jax.clear_caches()  # trace again, with the spy
+    calls = spy(per_feature, "causal_forward_mosaic")
     q, k, v, g = inputs(5, 1, 256, 2, 48, 40, jnp.bfloat16, decay, per_feature=True)
     s0 = jnp.asarray(np.random.default_rng(6).standard_normal((1, 2, 48, 40)), jnp.float32)
     y, final = per_feature.chunk_scan_per_feature(q, k, v, g, s0, out_dtype=jnp.bfloat16,
@@ -197,20 +189,12 @@ def test_strongest_decay_no_nan():
     assert rel_err(y, want) <= Y_TOL and rel_err(final, want_final) <= FINAL_TOL
 
 
-def test_two_pass_takes_the_fused_kernel(monkeypatch):
+def test_two_pass_takes_the_fused_kernel(spy):
     """chunk_scan_two_pass(fused=True) routes forward, non-strict 16-bit scans on the Mosaic
     walk to the fused (warp-specialized) kernel (with the two-pass results of fused=False, the
     default); reverse, strict and float32-output scans keep the two passes."""
     q, k, v, g = inputs(11, 1, 256, 2, 64, 64, jnp.bfloat16, "mild")
-    calls = []
-    original = two_pass.causal_forward_warps
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(two_pass, "causal_forward_warps", spy)
-    jax.clear_caches()  # trace again, with the spy
+    calls = spy(two_pass, "causal_forward_warps")
     scan = lambda **kw: two_pass.chunk_scan_two_pass(  # noqa: E731
         q, k, v, g, out_dtype=jnp.bfloat16, backend="mosaic", interpret=not ON_GPU, **kw)
     fused = scan(return_states=True, fused=True)

@@ -334,6 +334,21 @@ def test_centred_values(rng, dtype):
     assert not np.any(np.asarray(m0)) and not np.any(np.asarray(zero))
 
 
+def check_bf16_against_float64(fn, reference, args, dy):
+    """``fn(q, k, v, g, s0)``'s output and gradients (loss ``<y, dy>``) within the bf16 bound
+    of ``reference``'s in float64; returns ``(y, grads, grad names)``."""
+    got = jitted(fn)(*args)
+    got_grads, argnums = loss_and_grads(fn, args, (dy,))
+    names = [["dq", "dk", "dv", "dlog_decay", "ds0"][i] for i in argnums]
+    with jax.enable_x64(True):
+        args64 = tuple(f64(a) for a in args)
+        want = jitted(reference)(*args64)
+        want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
+    check_close([got], [want], jnp.bfloat16, ["y"])
+    check_close(got_grads, want_grads, jnp.bfloat16, names)
+    return got, got_grads, names
+
+
 MOSAIC_CASES = [  # op, L, K, V, decay, with s0 / normalize ("centre": with centre_values)
     ("causal", 200, 64, 64, "strong", True),
     ("causal", 130, 96, 80, "mild", False),
@@ -371,17 +386,8 @@ def test_mosaic_backend(rng, op, L, K, V, decay, flag):
         reference = lambda *a: ops.causal_linear_attention(*a[:4], impl="attention",
                                                            initial_state=a[4])
     args = (q, k, v, g, s0)
-    names = ["dq", "dk", "dv", "dlog_decay", "ds0"]
     mosaic, triton = kernel("mosaic"), kernel("triton")
-    got = jitted(mosaic)(*args)
-    got_grads, argnums = loss_and_grads(mosaic, args, (dy,))
-    names = [names[i] for i in argnums]
-    with jax.enable_x64(True):
-        args64 = tuple(f64(a) for a in args)
-        want = jitted(reference)(*args64)
-        want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
-    check_close([got], [want], jnp.bfloat16, ["y"])
-    check_close(got_grads, want_grads, jnp.bfloat16, names)
+    got, got_grads, names = check_bf16_against_float64(mosaic, reference, args, dy)
     triton_grads, _ = loss_and_grads(triton, args, (dy,))
     check_close([got] + list(got_grads), [jitted(triton)(*args)] + list(triton_grads),
                 jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names])
@@ -394,21 +400,13 @@ FUSED_CASES = [(200, 64, 48, "strong", True), (130, 40, 64, "mild", False)] + (
 
 
 @pytest.mark.parametrize("L,K,V,decay,with_s0", FUSED_CASES)
-def test_fused_causal_forward(rng, monkeypatch, L, K, V, decay, with_s0):
+def test_fused_causal_forward(rng, monkeypatch, spy, L, K, V, decay, with_s0):
     """``CAUSAL_FORWARD = "fused"``: the causal op's forward as one warp-specialized Mosaic GPU
     kernel (its stored chunk states feeding the fused backward) against float64, forward and
     gradients, bf16."""
     from pallas_kernels import linear_attention, two_pass
-    calls = []
-    original = two_pass.causal_forward_warps
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(two_pass, "causal_forward_warps", spy)
     monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "fused")
-    jax.clear_caches()  # trace again, under the setting and with the spy
+    calls = spy(two_pass, "causal_forward_warps")  # clears the caches: traced under the setting
     B, H = 1, 2
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay)
     s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) if with_s0 else None
@@ -417,17 +415,8 @@ def test_fused_causal_forward(rng, monkeypatch, L, K, V, decay, with_s0):
         *a[:4], chunk_size=64, initial_state=a[4], backend="mosaic")
     reference = lambda *a: ops.causal_linear_attention(  # noqa: E731
         *a[:4], impl="attention", initial_state=a[4])
-    args = (q, k, v, g, s0)
-    got = jitted(fused)(*args)
-    got_grads, argnums = loss_and_grads(fused, args, (dy,))
+    check_bf16_against_float64(fused, reference, (q, k, v, g, s0), dy)
     assert calls and any(c["store_states"] for c in calls)
-    names = [["dq", "dk", "dv", "dlog_decay", "ds0"][i] for i in argnums]
-    with jax.enable_x64(True):
-        args64 = tuple(f64(a) for a in args)
-        want = jitted(reference)(*args64)
-        want_grads, _ = loss_and_grads(reference, args64, (f64(dy),))
-    check_close([got], [want], jnp.bfloat16, ["y"])
-    check_close(got_grads, want_grads, jnp.bfloat16, names)
     jax.clear_caches()  # no trace under the setting outlives the test
 
 
