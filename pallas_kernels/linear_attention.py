@@ -36,10 +36,11 @@ one recomputes y and den by float32 scans: dq cancels, and 16-bit operands had l
 
 Two algorithms. ``"two_pass"`` (the default): a states kernel walks the chunks (one small
 matmul per step, ``two_pass.py``), then every chunk is a program of its own; the causal forward
-is ``chunk_scan_two_pass``, its backward one fused kernel (``causal_backward.py``: dq, dk, dv
-and dlog_decay from the forward and reverse states in one pass); LION's forward is one fused
-bidirectional kernel with the normaliser in the same pass and its backward another
-(``bidirectional.py``). The fused backwards do not reverse-cumsum dA: they sum every pair's
+is ``chunk_scan_two_pass`` (compiled on Hopper, 16-bit: one warp-specialized kernel that walks
+the chunks and writes the outputs, ``CAUSAL_FORWARD``), its backward one fused kernel
+(``causal_backward.py``: dq, dk, dv and dlog_decay from the forward and reverse states in one
+pass); LION's forward is one fused bidirectional kernel with the normaliser in the same pass and
+its backward another (``bidirectional.py``). The fused backwards do not reverse-cumsum dA: they sum every pair's
 term over the tokens its decay spans (``chunk_scan.crossing_sums``), which keeps bf16 rounding
 from adding up over L (causal bf16 d log_decay under strong decay: 1.4e-2 -> 2.7e-4). Head
 dims above 128 fall back to the scans above (three for the causal backward, three fused
