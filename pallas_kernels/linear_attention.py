@@ -43,8 +43,8 @@ pass); LION's forward is one fused bidirectional kernel with the normaliser in t
 its backward another (``bidirectional.py``). The fused backwards do not reverse-cumsum dA: they
 sum every pair's term over the tokens its decay spans (``chunk_scan.crossing_sums``), which
 keeps bf16 rounding from adding up over L (causal bf16 d log_decay under strong decay: 1.4e-2
--> 2.7e-4). Head dims above 128 fall back to the scans above (three for the causal backward, three fused
-bidirectional scans for LION's) with d log_decay from ``pair_sums.py`` (XLA).
+-> 2.7e-4). Head dims above 128 fall back to the scans above (three for the causal backward,
+three fused bidirectional scans for LION's) with d log_decay from ``pair_sums.py`` (XLA).
 ``"sequential"``: every scan is ``chunk_scan`` (one program per (b, h, V-block) walking the
 chunks), LION as a forward plus a reverse scan with the normaliser as a ones column of V.
 Per-feature decay always uses the chunk-parallel form of ``per_feature.py``. ``backend``
