@@ -329,6 +329,8 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
         raise ValueError(reason)
     B, L, H, kp = q.shape
     stages = stages or pick_stages(kp, q.dtype.itemsize, chunk)
+    if registers is None:  # the interpreter takes no register operands
+        registers = interpret is None
     vp = v.shape[-1]
     N, nvb = L // chunk, vp // BLOCK_V
     s0 = run_states(k, v, g, s0, chunk=chunk, splits=splits, interpret=interpret)
@@ -342,7 +344,7 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
         return plgpu.kernel(
             functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
                               store=store_states, factored=factored,
-                              registers=interpret is None if registers is None else registers),
+                              registers=registers),
             out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
             num_threads=3, thread_name="wg", interpret=interpret,
         )(q, k, v, decay, s0)
