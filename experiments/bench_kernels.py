@@ -16,10 +16,10 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             [B, L, H, K] (pallas_causal_per_feature; with these log-decays, in [-0.1, 0],
             every chunk of 64 sums to >= -6.4 and takes the one-product path of
             pallas_kernels/per_feature.py, where chunks of stronger decay walk), and the same
-            with its backward's float32 scan products as one TF32 pass instead of three bf16
-            ones (pallas_causal_per_feature_tf32), and with the chunk-parallel bf16 backward
-            (pallas_causal_per_feature_chunks, ``PER_FEATURE_BACKWARD = "chunks"``): the
-            A/Bs of :func:`traced_under`
+            with the float32 scans as its backward (pallas_causal_per_feature_scans,
+            ``PER_FEATURE_BACKWARD = "scans"``; the default is the chunk-parallel bf16
+            backward), and those scans' products as one TF32 pass instead of three bf16 ones
+            (pallas_causal_per_feature_tf32): the A/Bs of :func:`traced_under`
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
@@ -132,8 +132,9 @@ def traced_under(settings):
 
 # cases timed under their settings of pallas_kernels.linear_attention (traced_under)
 SETTINGS = {
-    "pallas_causal_per_feature_tf32": {"FLOAT32_X3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32},
-    "pallas_causal_per_feature_chunks": {"PER_FEATURE_BACKWARD": "chunks"},
+    "pallas_causal_per_feature_tf32": {"FLOAT32_X3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32,
+                                       "PER_FEATURE_BACKWARD": "scans"},
+    "pallas_causal_per_feature_scans": {"PER_FEATURE_BACKWARD": "scans"},
     "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"}}
 
 
@@ -422,7 +423,7 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_causal_two_kernels", "jla_simple_gla"),
     ("pallas_causal_2pass", "pallas_causal_two_kernels"),
     ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
-    ("pallas_causal_per_feature_chunks", "jla_gla"),
+    ("pallas_causal_per_feature_scans", "jla_gla"),
     ("pallas_lion_plain", "jla_lion_2pass"),
     ("pallas_lion_plain", "cudnn_full")]
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op

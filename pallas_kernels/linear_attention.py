@@ -77,13 +77,14 @@ ALGORITHMS = ("sequential", "two_pass")
 # 1.4-2.3x faster than "sequential" forward+backward at L = 4K and 16K, D = 64 and 128, for the
 # causal and LION ops; its forward was within 10 % (causal, D = 128) or faster.
 DEFAULT_ALGORITHM = "two_pass"
-# The per-feature backward of bf16 inputs: "scans" (three scans and two state walks on
-# float32 operands, _per_feature_bwd) or "chunks" (pallas_kernels.per_feature_grads: products of
-# each chunk's bf16 tiles, d log_decay without sums that cancel across chunks; where every
-# chunk is bounded, the scans otherwise). Read when the op is traced. "chunks" is not yet timed
-# on a GPU: `python -m experiments.bench_kernels` times both (pallas_causal_per_feature and
-# pallas_causal_per_feature_chunks).
-PER_FEATURE_BACKWARD = "scans"
+# The per-feature backward of bf16 inputs: "chunks" (pallas_kernels.per_feature_grads:
+# products of each chunk's bf16 tiles, d log_decay without sums that cancel across chunks;
+# where every chunk is bounded, the scans otherwise) or "scans" (three scans and two state
+# walks on float32 operands, _per_feature_bwd). On one H100 (2026-12-07, B 4, H 16, L 4K,
+# D 64, bf16) "chunks" took forward + backward from 2.618 to 1.948 ms (docs/benchmarks.md).
+# Read when the op is traced; `python -m experiments.bench_kernels` times both
+# (pallas_causal_per_feature, the default, and pallas_causal_per_feature_scans).
+PER_FEATURE_BACKWARD = "chunks"
 # The causal forward of per-token decay (algorithm "two_pass"): "fused"
 # (chunk_scan_two_pass(fused=True): one warp-specialized Mosaic GPU kernel where it applies,
 # 16-bit inputs on Hopper), "two_pass" (the states walk, then the outputs kernel), or "auto":

@@ -58,9 +58,8 @@ STAGES = 2
 CHUNK = 64
 # Chunks whose log-decays sum to at least -ONE_PRODUCT_RANGE (in every feature) take the
 # one-product form (Q e^b)(K e^-b)^T: factors within e^+-20, far inside bf16's range (fp16's
-# 65504 is not: fp16 inputs keep the mask of differences, mosaic_causal_warps.py, or the
-# three passes). ``per_feature.FAST_RANGE`` is this bound: its Triton kernels take the same
-# form for the same chunks.
+# 65504 is not: fp16 inputs take the three passes). ``per_feature.FAST_RANGE`` is this bound:
+# its Triton kernels take the same form for the same chunks.
 ONE_PRODUCT_RANGE = 20.0
 
 

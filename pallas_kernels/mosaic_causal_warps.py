@@ -9,11 +9,9 @@ the state ``S`` entering the chunk and ``d = exp(A_last)``,
     O = W V + (Q * e^A) S                                          [C, BV]
     S <- d S + (K * e^tail)^T V,   e^tail_j = exp(sum_{s > j} a_s)
 
-(``A``, ``e^A`` and ``e^tail``: the rows of ``chunk_scan.mask_rows``). The one-product form
-(GLA's): when every chunk's log-decays sum to at least ``-ONE_PRODUCT_RANGE`` (bf16 inputs;
-checked at run time, ``lax.cond`` between two builds of the kernel), ``W = (Q e^A)(K e^-A)^T``
-masked causally, every factor within ``e^+-20``: no ``C x C`` exponentials and no transposed
-tile. Per-feature decay has its one-kernel forward in ``mosaic_causal.py``.
+(``A``, ``e^A`` and ``e^tail``: the rows of ``chunk_scan.mask_rows``). Every exponent of the
+mask is at most 0 where it is kept, so one build takes every decay (down to -20 per token and
+beyond). Per-feature decay has its one-kernel forward in ``mosaic_causal.py``.
 
 Why one kernel: the two-pass forward walks the chunks once to store every chunk's state in
 HBM (``L Kp Vp / C`` entries) and reads them back in the output kernel. Here the program that
@@ -36,13 +34,16 @@ The work is split across three warpgroups of one program per (b, h, V-block j, r
   rows into slot ``n % stages``, once both others have released the slot;
 - warpgroup 0 (the state chain): holds ``S [Kp, BV]`` float32 in registers; per chunk writes
   S rounded to the input dtype into one of two shared-memory tiles (the stored state ``h``
-  and the outputs' operand) and signals it, then ``S <- e^(A_last) S + (K e^tail)^T V`` (one
-  wgmma, ``K e^tail`` written into its own tile): the only serial work, and nothing else;
-- warpgroup 1 (outputs): ``W`` from ``Q K^T`` with the decay mask (or in the one-product form
-  ``(Q e^A)(K e^-A)^T``), then ``y = W V + (Q e^A) S`` once warpgroup 0 has signalled chunk
-  n's state; y goes out by TMA. W and ``Q e^A`` are the wgmmas' register operands when
-  compiled; in the Mosaic GPU interpreter (the CPU tests), which takes no register operands
-  (jax 0.11.2), they go through shared memory (``Q e^A`` over the slot's q).
+  and the outputs' operand) and signals it, then ``S <- e^(A_last) S + K^T (e^tail V)`` (one
+  wgmma, K read transposed from its slot). ``e^tail V [C, BV]`` (half the entries of
+  ``K e^tail`` at Kp 128) goes into one of two tiles, the next chunk's while this chunk's
+  wgmma runs, so only the state's store, the wgmma and the update are serial;
+- warpgroup 1 (outputs): ``W = Q K^T`` masked by ``exp(A_i - A_j)``, its exponents from A
+  on the rows and a second copy of A read in the columns' layout, then ``y = W V + (Q e^A)
+  S`` once warpgroup 0 has signalled chunk n's state; y goes out by TMA. W and ``Q e^A`` are
+  the wgmmas' register operands when compiled; in the Mosaic GPU interpreter (the CPU
+  tests), which takes no register operands (jax 0.11.2), they go through shared memory
+  (``Q e^A`` over the slot's q).
 
 The outputs of chunk n overlap the state update of chunk n + 1, and the loads run ahead by
 ``stages`` chunks. Barriers: ``loaded`` (per input and slot, TMA bytes), ``consumed`` (per slot,
@@ -50,9 +51,13 @@ two arrivals), ``state_ready`` and ``state_free`` (per state tile). Every waiter
 every phase of its barriers (the interpreter checks it), so the memory warpgroup and the
 chain wait out the last releases before the barriers go.
 
-On one H200 (L 16K, B 4, H 16, bf16; docs/benchmarks.md) it took 0.370 ms at D 64 in 2 runs and
-0.595 at D 128, against 0.527 and 0.744 for the one-warpgroup kernel (``mosaic_causal.py``,
-which then also took per-token decay), with W and ``Q e^A`` then through shared memory.
+On one H100 (2026-12-07, L 16K, B 4, H 16, bf16, mild decay; docs/benchmarks.md) this layout
+took 0.377 ms at D 64 in 2 runs and 0.496 at D 128, against 0.410 and 0.537 before it in the
+same run (the chain scaling K into one tile before its wgmma; W in GLA's one-product form
+``(Q e^A)(K e^-A)^T`` where every chunk's decay allowed it, else the mask with its column
+tile transposed through shared memory: 0.387 and 0.550 with strong decay). Issuing the
+next chunk's ``Q K^T`` with this chunk's output wgmmas was slower (0.408 and 0.722 in an
+earlier run, against 0.369 and 0.466 without).
 """
 
 import functools
@@ -64,24 +69,26 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
-from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, ONE_PRODUCT_RANGE, layout_reason
+from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, layout_reason
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
-from pallas_kernels.mosaic_tiles import ROWS, WGMMA, row_and_column_tiles, rows_of
+from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
 
-# Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64, 2 at 128).
+# Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64 and 128; on one
+# H100, 2026-12-07, 4 at Kp = 64 took 9 % longer and 2 at 128 12 %: docs/benchmarks.md).
 STAGES = (3, 2)
 # Registers per thread: the memory warpgroup gives its share to the two computing ones.
 MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
+# Rows of the decay tile per slot: A, e^A, e^tail, and A again (read in the columns' layout).
+ROWS_PER_SLOT = (0, 1, 2, 0)
 
 
 def smem_bytes(chunk, kp, bv, itemsize, stages):
-    """Shared memory of one program: ``stages`` slots of q, k, v and three decay rows; the
-    chain's decayed keys and two state tiles; the outputs' decayed keys, W, two y tiles and the
-    mask's transposed row tile; the float32 state tile (first and last state)."""
-    slot = (2 * chunk * kp + chunk * bv) * itemsize + 3 * 4 * chunk
-    chain = (chunk * kp + 2 * kp * bv) * itemsize
-    outputs = (chunk * kp + chunk * chunk + 2 * chunk * bv) * itemsize + 4 * chunk * chunk
-    return stages * slot + chain + outputs + 4 * kp * bv
+    """Shared memory of one program when compiled: ``stages`` slots of q, k, v and four decay
+    rows; the chain's two ``e^tail V`` tiles and two state tiles; the outputs' two y tiles;
+    the float32 state tile (first and last state). (The interpreter also keeps a W tile.)"""
+    slot = (2 * chunk * kp + chunk * bv) * itemsize + len(ROWS_PER_SLOT) * 4 * chunk
+    chain = (2 * chunk * bv + 2 * kp * bv) * itemsize
+    return stages * slot + chain + 2 * chunk * bv * itemsize + 4 * kp * bv
 
 
 def pick_stages(kp, itemsize, chunk=CHUNK):
@@ -100,14 +107,13 @@ def supported(q, v, chunk=CHUNK, stages=None):
 
 
 def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stages, store,
-            factored, registers):
+            registers):
     """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; ``decay_ref [3, B, H, L]`` float32 rows (A,
     e^A, e^tail); s0 ``[B, H, R, Kp, Vp]`` float32 (the state entering each run) or None;
     outputs y ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (``store``), ends ``[B, H, R, Kp, Vp]``
-    float32. ``factored``: every chunk's log-decays sum to at least ``-ONE_PRODUCT_RANGE``;
-    ``registers``: W and ``Q e^A`` as register operands (else through shared memory).
+    float32. ``registers``: W and ``Q e^A`` as register operands (else through shared memory).
     """
     refs = list(refs)
     y_ref = refs.pop(0)
@@ -124,7 +130,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
     slot_of = lambda n, count: lax.rem(n, jnp.asarray(count, n.dtype))
 
     def body(bufs, loaded, consumed, state_ready, state_free, s_bar):
-        q_buf, k_buf, v_buf, rows_buf, kt_s, st_buf, kd_s, w_s, y_buf, t_buf, s32 = bufs
+        q_buf, k_buf, v_buf, rows_buf, vt_buf, st_buf, y_buf, s32, *w_s = bufs
 
         def load(n, slot):
             seq = tokens(n)
@@ -132,8 +138,8 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             plgpu.copy_gmem_to_smem(k_ref.at[b, seq, hd, :], k_buf.at[slot], loaded[1].at[slot])
             plgpu.copy_gmem_to_smem(v_ref.at[b, seq, hd, cols], v_buf.at[slot],
                                     loaded[2].at[slot])
-            for x in range(3):
-                plgpu.copy_gmem_to_smem(decay_ref.at[x, b, hd, seq], rows_buf.at[slot, x],
+            for x, row in enumerate(ROWS_PER_SLOT):
+                plgpu.copy_gmem_to_smem(decay_ref.at[row, b, hd, seq], rows_buf.at[slot, x],
                                         loaded[3 + x].at[slot])
 
         def wait_loaded(slot, which):
@@ -166,6 +172,16 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
                 plgpu.barrier_wait(s_bar.at[0])
                 state = plgpu.load(s32, layout=WGMMA)
 
+            def decayed_values(n):  # the update's right operand e^tail V into vt_buf[n % 2]
+                slot = slot_of(n, stages)
+                wait_loaded(slot, (2, 5))
+                v = plgpu.load(v_buf.at[slot], layout=WGMMA).astype(f32)
+                tail = rows_of(plgpu.load(rows_buf.at[slot, 2], layout=ROWS), v.shape)
+                vt_buf[slot_of(n, 2)] = (v * tail).astype(dtype)
+                plgpu.commit_smem()
+
+            decayed_values(jnp.int32(0))
+
             def step(n, state):
                 slot, half = slot_of(n, stages), slot_of(n, 2)
 
@@ -181,14 +197,15 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
                 plgpu.barrier_arrive(state_ready.at[half])
                 if store:
                     plgpu.copy_smem_to_gmem(st_s, h_ref.at[b, hd, first + n, :, cols])
-                wait_loaded(slot, (1, 2, 4, 5))
-                tail = rows_of(plgpu.load(rows_buf.at[slot, 2], layout=ROWS), (chunk, kp))
-                kt_s[...] = (plgpu.load(k_buf.at[slot], layout=WGMMA).astype(f32)
-                             * tail).astype(dtype)
-                plgpu.commit_smem()
+                wait_loaded(slot, (1,))
 
-                def mma(acc):
-                    plgpu.wgmma(acc, kt_s.transpose((1, 0)), v_buf.at[slot])
+                def mma(acc):  # S <- e^(A_last) S + K^T (e^tail V)
+                    plgpu.wgmma(acc, k_buf.at[slot].transpose((1, 0)), vt_buf.at[half])
+
+                    @pl.when(n + 1 < run)
+                    def _():  # the next chunk's operand while the wgmma runs
+                        decayed_values(n + 1)
+
                     return acc[...]
 
                 update = pl.run_scoped(mma, plgpu.ACC((kp, bv), f32))
@@ -215,45 +232,29 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
                       >= plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1),
                                            WGMMA))
 
-            def scores(a_s, b_s):
-                def mma(acc):
-                    plgpu.wgmma(acc, a_s, b_s.transpose((1, 0)))
-                    return acc[...]
-
-                return pl.run_scoped(mma, plgpu.ACC((chunk, chunk), f32))
+            def scores(acc, slot):  # Q K^T
+                plgpu.wgmma(acc, q_buf.at[slot], k_buf.at[slot].transpose((1, 0)))
+                return acc[...]
 
             @pl.loop(0, run)
             def _(n):
                 slot, half = slot_of(n, stages), slot_of(n, 2)
-                wait_loaded(slot, (0, 1, 2, 3, 4))
-                a_s, eh_s = rows_buf.at[slot, 0], rows_buf.at[slot, 1]
+                wait_loaded(slot, (0, 1, 2, 3, 4, 6))
+                s = pl.run_scoped(lambda acc: scores(acc, slot), plgpu.ACC((chunk, chunk), f32))
+                a_i = rows_of(plgpu.load(rows_buf.at[slot, 0], layout=ROWS), s.shape)
+                a_j = cols_of(plgpu.load(rows_buf.at[slot, 3], layout=COLS), s.shape)
+                # exponents <= 0 where kept: no overflow at any decay
+                w = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
                 q = plgpu.load(q_buf.at[slot], layout=WGMMA).astype(f32)
-                qd = (q * rows_of(plgpu.load(eh_s, layout=ROWS), q.shape)).astype(dtype)
-                if registers:
-                    q_op = qd
-                else:  # the slot's q is done with once Q K^T is read: Q e^A takes it
-                    q_op = q_buf.at[slot]
-                if factored:  # (Q e^A)(K e^-A)^T
-                    k = plgpu.load(k_buf.at[slot], layout=WGMMA).astype(f32)
-                    down = rows_of(jnp.exp(-plgpu.load(a_s, layout=ROWS)), k.shape)
-                    kd_s[...] = (k * down).astype(dtype)
-                    if not registers:
-                        q_buf[slot] = qd
+                eh = rows_of(plgpu.load(rows_buf.at[slot, 1], layout=ROWS), q.shape)
+                w_op, q_op = w.astype(dtype), (q * eh).astype(dtype)
+                if not registers:  # Q e^A over the slot's q, which Q K^T has read
+                    w_s[0][...], q_buf[slot] = w_op, q_op
                     plgpu.commit_smem()
-                    w = jnp.where(causal, scores(q_op, kd_s), 0.0)
-                else:  # Q K^T masked by exp(A_i - A_j), exponents <= 0 where kept
-                    s = scores(q_buf.at[slot], k_buf.at[slot])
-                    a_i, a_j = row_and_column_tiles(a_s, t_buf, s.shape)
-                    w = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
-                    if not registers:
-                        q_buf[slot] = qd
-                w_op = w.astype(dtype)
-                if not registers:
-                    w_s[...], w_op = w_op, w_s
-                    plgpu.commit_smem()
+                    w_op, q_op = w_s[0], q_buf.at[slot]
                 plgpu.barrier_wait(state_ready.at[half])
 
-                def mma(acc):
+                def mma(acc):  # y = W V + (Q e^A) S
                     plgpu.wgmma(acc, w_op, v_buf.at[slot])
                     plgpu.wgmma(acc, q_op, st_buf.at[half])
                     return acc[...]
@@ -272,16 +273,15 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
     bufs = [plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, chunk, bv), dtype, transforms=_TILE16),
-            plgpu.SMEM((stages, 3, chunk), f32),
-            plgpu.SMEM((chunk, kp), dtype, transforms=_TILE16),
-            plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
-            plgpu.SMEM((chunk, kp), dtype, transforms=_TILE16),
-            plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16),
+            plgpu.SMEM((stages, len(ROWS_PER_SLOT), chunk), f32),
             plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
-            plgpu.SMEM((chunk, chunk), f32),
+            plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
+            plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((kp, bv), f32, transforms=_TILE32)]
+    if not registers:
+        bufs.append(plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16))
     pl.run_scoped(
-        body, bufs, [plgpu.Barrier(num_barriers=stages)] * 6,
+        body, bufs, [plgpu.Barrier(num_barriers=stages)] * (3 + len(ROWS_PER_SLOT)),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages), plgpu.Barrier(num_barriers=2),
         plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=1), collective_axes="wg")
 
@@ -338,21 +338,11 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
     out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
-    decay = mask_rows(g, chunk)
-
-    def kernel(factored):
-        return plgpu.kernel(
-            functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
-                              store=store_states, factored=factored,
-                              registers=registers),
-            out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
-            num_threads=3, thread_name="wg", interpret=interpret,
-        )(q, k, v, decay, s0)
-
-    if q.dtype != jnp.bfloat16:
-        y, *rest = kernel(factored=False)
-    else:
-        mild = jnp.min(jnp.sum(g.reshape(B, N, chunk, H), axis=2)) >= -ONE_PRODUCT_RANGE
-        y, *rest = lax.cond(mild, lambda: kernel(True), lambda: kernel(False))
+    y, *rest = plgpu.kernel(
+        functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
+                          store=store_states, registers=registers),
+        out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
+        num_threads=3, thread_name="wg", interpret=interpret,
+    )(q, k, v, mask_rows(g, chunk), s0)
     final = rest[-1][:, :, -1]
     return (y, final, rest[0]) if store_states else (y, final)
