@@ -155,7 +155,8 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             @pl.loop(0, max(run - stages, 0))
             def _(n):
                 slot = slot_of(n, stages)
-                plgpu.barrier_wait(consumed.at[slot])
+                with jax.named_scope("memory: wait for a free slot"):
+                    plgpu.barrier_wait(consumed.at[slot])
                 load(n + stages, slot)
 
             @pl.loop(max(run - stages, 0), run)
@@ -185,19 +186,22 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             def step(n, state):
                 slot, half = slot_of(n, stages), slot_of(n, 2)
 
-                @pl.when(n >= 2)
-                def _():  # the outputs are done with chunk n - 2's state tile
-                    plgpu.barrier_wait(state_free.at[half])
+                with jax.named_scope("chain: wait for a free state tile"):
+                    @pl.when(n >= 2)
+                    def _():  # the outputs are done with chunk n - 2's state tile
+                        plgpu.barrier_wait(state_free.at[half])
 
-                if store:  # and its copy to h has read it
-                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                st_s = st_buf.at[half]
-                st_s[...] = state.astype(dtype)  # the state entering chunk n
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(state_ready.at[half])
-                if store:
-                    plgpu.copy_smem_to_gmem(st_s, h_ref.at[b, hd, first + n, :, cols])
-                wait_loaded(slot, (1,))
+                    if store:  # and its copy to h has read it
+                        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                with jax.named_scope("chain: hand the state over"):
+                    st_s = st_buf.at[half]
+                    st_s[...] = state.astype(dtype)  # the state entering chunk n
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(state_ready.at[half])
+                    if store:
+                        plgpu.copy_smem_to_gmem(st_s, h_ref.at[b, hd, first + n, :, cols])
+                with jax.named_scope("chain: wait for k"):
+                    wait_loaded(slot, (1,))
 
                 def mma(acc):  # S <- e^(A_last) S + K^T (e^tail V)
                     plgpu.wgmma(acc, k_buf.at[slot].transpose((1, 0)), vt_buf.at[half])
@@ -208,10 +212,12 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
 
                     return acc[...]
 
-                update = pl.run_scoped(mma, plgpu.ACC((kp, bv), f32))
-                decay = rows_buf[slot, 1, chunk - 1]
-                plgpu.barrier_arrive(consumed.at[slot])
-                return state * decay + update
+                with jax.named_scope("chain: update wgmma, next e^tail V"):
+                    update = pl.run_scoped(mma, plgpu.ACC((kp, bv), f32))
+                with jax.named_scope("chain: decay and add"):
+                    decay = rows_buf[slot, 1, chunk - 1]
+                    plgpu.barrier_arrive(consumed.at[slot])
+                    return state * decay + update
 
             state = lax.fori_loop(0, run, step, state)
 
@@ -236,11 +242,9 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
                 plgpu.wgmma(acc, q_buf.at[slot], k_buf.at[slot].transpose((1, 0)))
                 return acc[...]
 
-            @pl.loop(0, run)
-            def _(n):
-                slot, half = slot_of(n, stages), slot_of(n, 2)
-                wait_loaded(slot, (0, 1, 2, 3, 4, 6))
-                s = pl.run_scoped(lambda acc: scores(acc, slot), plgpu.ACC((chunk, chunk), f32))
+            def operands(slot, s):
+                """W (s masked by exp(A_i - A_j)) and Q e^A, in the input dtype, as the y
+                wgmmas take them."""
                 a_i = rows_of(plgpu.load(rows_buf.at[slot, 0], layout=ROWS), s.shape)
                 a_j = cols_of(plgpu.load(rows_buf.at[slot, 3], layout=COLS), s.shape)
                 # exponents <= 0 where kept: no overflow at any decay
@@ -248,25 +252,40 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
                 q = plgpu.load(q_buf.at[slot], layout=WGMMA).astype(f32)
                 eh = rows_of(plgpu.load(rows_buf.at[slot, 1], layout=ROWS), q.shape)
                 w_op, q_op = w.astype(dtype), (q * eh).astype(dtype)
-                if not registers:  # Q e^A over the slot's q, which Q K^T has read
-                    w_s[0][...], q_buf[slot] = w_op, q_op
-                    plgpu.commit_smem()
-                    w_op, q_op = w_s[0], q_buf.at[slot]
-                plgpu.barrier_wait(state_ready.at[half])
+                if registers:
+                    return w_op, q_op
+                w_s[0][...], q_buf[slot] = w_op, q_op  # Q e^A over q, which Q K^T has read
+                plgpu.commit_smem()
+                return w_s[0], q_buf.at[slot]
+
+            @pl.loop(0, run)
+            def _(n):
+                slot, half = slot_of(n, stages), slot_of(n, 2)
+                with jax.named_scope("outputs: wait for the inputs"):
+                    wait_loaded(slot, (0, 1, 2, 3, 4, 6))
+                with jax.named_scope("outputs: Q K^T wgmma"):
+                    s = pl.run_scoped(lambda acc: scores(acc, slot),
+                                      plgpu.ACC((chunk, chunk), f32))
+                with jax.named_scope("outputs: mask, Q e^A"):
+                    w_op, q_op = operands(slot, s)
+                with jax.named_scope("outputs: wait for the state"):
+                    plgpu.barrier_wait(state_ready.at[half])
 
                 def mma(acc):  # y = W V + (Q e^A) S
                     plgpu.wgmma(acc, w_op, v_buf.at[slot])
                     plgpu.wgmma(acc, q_op, st_buf.at[half])
                     return acc[...]
 
-                y = pl.run_scoped(mma, plgpu.ACC((chunk, bv), f32))
-                plgpu.barrier_arrive(state_free.at[half])
-                plgpu.barrier_arrive(consumed.at[slot])
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # y tile of chunk n - 2 read
-                y_s = y_buf.at[half]
-                y_s[...] = y.astype(dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(y_s, y_ref.at[b, tokens(n), hd, cols])
+                with jax.named_scope("outputs: y wgmmas"):
+                    y = pl.run_scoped(mma, plgpu.ACC((chunk, bv), f32))
+                with jax.named_scope("outputs: store y"):
+                    plgpu.barrier_arrive(state_free.at[half])
+                    plgpu.barrier_arrive(consumed.at[slot])
+                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # y tile of chunk n - 2
+                    y_s = y_buf.at[half]
+                    y_s[...] = y.astype(dtype)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(y_s, y_ref.at[b, tokens(n), hd, cols])
 
             plgpu.wait_smem_to_gmem(0)
 
@@ -303,7 +322,7 @@ def run_states(k, v, g, s0, *, chunk, splits, interpret):
 
 
 def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
-                         stages=None, interpret=None, registers=None):
+                         stages=None, interpret=None, registers=None, profile_dir=None):
     """The causal forward pass (not strict) of padded inputs in the warp-specialized kernel.
 
     Args:
@@ -318,6 +337,10 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
       registers: W and ``Q e^A`` as the wgmmas' register operands (None: when compiled; the
         interpreter takes none).
+      profile_dir: None, or a directory for a trace of the kernel's named regions per
+        warpgroup (Mosaic GPU's profiler, compiled only; ``experiments.profile_warps`` reads
+        it). The trace takes the shared memory the kernel leaves: as many regions as fit,
+        the rest dropped (at Kp 128 pass ``stages=2`` to leave room).
     Returns:
       ``(y [B, L, H, Vp] q.dtype, final [B, H, Kp, Vp] float32)``, then with
       ``store_states`` ``h [B, H, N, Kp, Vp]`` q.dtype.
@@ -338,11 +361,19 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
     out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
+    params = None
+    if profile_dir is not None:  # 3 warpgroups x 4 int32 entries per region
+        free = SMEM_BYTES - smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages) - 8192
+        if free < 48 * 64:
+            raise ValueError(f"no shared memory left for the profiler's trace at Kp {kp} with "
+                             f"{stages} stages; pass stages={stages - 1}")
+        params = plgpu.CompilerParams(profile_space=free // 48, profile_dir=profile_dir,
+                                      profile_bounds_check=True)
     y, *rest = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
                           store=store_states, registers=registers),
         out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
-        num_threads=3, thread_name="wg", interpret=interpret,
+        num_threads=3, thread_name="wg", interpret=interpret, compiler_params=params,
     )(q, k, v, mask_rows(g, chunk), s0)
     final = rest[-1][:, :, -1]
     return (y, final, rest[0]) if store_states else (y, final)
