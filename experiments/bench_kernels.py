@@ -19,7 +19,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             with the float32 scans as its backward (pallas_causal_per_feature_scans,
             ``PER_FEATURE_BACKWARD = "scans"``; the default is the chunk-parallel bf16
             backward), and those scans' products as one TF32 pass instead of three bf16 ones
-            (pallas_causal_per_feature_tf32): the A/Bs of :func:`traced_under`
+            (pallas_causal_per_feature_tf32), and its forward as one Mosaic GPU kernel
+            (pallas_causal_per_feature_fused, ``PER_FEATURE_FORWARD = "fused"``): the A/Bs of
+            :func:`traced_under`
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
@@ -135,6 +137,7 @@ SETTINGS = {
     "pallas_causal_per_feature_tf32": {"FLOAT32_X3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32,
                                        "PER_FEATURE_BACKWARD": "scans"},
     "pallas_causal_per_feature_scans": {"PER_FEATURE_BACKWARD": "scans"},
+    "pallas_causal_per_feature_fused": {"PER_FEATURE_FORWARD": "fused"},
     "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"}}
 
 
@@ -423,7 +426,8 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_causal_two_kernels", "jla_simple_gla"),
     ("pallas_causal_2pass", "pallas_causal_two_kernels"),
     ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
-    ("pallas_causal_per_feature_scans", "jla_gla"),
+    ("pallas_causal_per_feature_scans", "jla_gla"), ("pallas_causal_per_feature_fused", "jla_gla"),
+    ("pallas_causal_per_feature_fused", "pallas_causal_per_feature"),
     ("pallas_lion_plain", "jla_lion_2pass"),
     ("pallas_lion_plain", "cudnn_full")]
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op

@@ -96,6 +96,13 @@ PER_FEATURE_BACKWARD = "chunks"
 # is traced; `python -m experiments.bench_kernels` times both (pallas_causal_2pass, the
 # default, and pallas_causal_two_kernels).
 CAUSAL_FORWARD = "auto"
+# The causal forward of per-feature decay: "three_passes" (per_feature.chunk_scan_per_feature:
+# chunk states, their walk, the outputs) or "fused" (chunk_scan_per_feature(fused=True): one
+# Mosaic GPU kernel, mosaic_causal.py, where every chunk is mild, bf16 on Hopper or in the
+# interpreter, picked at run time; the three passes otherwise). "three_passes" until the fused
+# kernel is timed: `python -m experiments.bench_kernels` times both (pallas_causal_per_feature
+# and pallas_causal_per_feature_fused). Read when the op is traced.
+PER_FEATURE_FORWARD = "three_passes"
 # Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
 # padded features of q and k add exact zeros to every q . k, the padded value columns give
 # output columns that are sliced off, so the result is the unpadded op's, gradients included.
@@ -127,12 +134,15 @@ def _causal(q, k, v, g, s0, cfg):
 
 
 def _forward_switch(g, cfg):
-    """``{"fused": True}`` where ``CAUSAL_FORWARD`` picks the one-kernel causal forward and the
-    scan is the two-pass one of per-token decay, else ``{}``."""
+    """``{"fused": True}`` where the settings pick a one-kernel causal forward: per-feature
+    decay under ``PER_FEATURE_FORWARD``, the two-pass scan of per-token decay under
+    ``CAUSAL_FORWARD``; else ``{}``."""
+    if g.ndim == 4:
+        return {"fused": True} if PER_FEATURE_FORWARD == "fused" else {}
     mode = CAUSAL_FORWARD
     if mode == "auto":
         mode = "two_pass" if cfg["interpret"] else "fused"
-    use = mode == "fused" and cfg.get("algorithm") == "two_pass" and g.ndim == 3
+    use = mode == "fused" and cfg.get("algorithm") == "two_pass"
     return {"fused": True} if use else {}
 
 

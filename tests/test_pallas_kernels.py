@@ -420,6 +420,28 @@ def test_fused_causal_forward(rng, monkeypatch, spy, L, K, V, decay, with_s0):
     jax.clear_caches()  # no trace under the setting outlives the test
 
 
+@pytest.mark.parametrize("decay,with_s0", [("mild", True), ("strong", False)])
+def test_per_feature_fused_forward(rng, monkeypatch, spy, decay, with_s0):
+    """``PER_FEATURE_FORWARD = "fused"``: the per-feature causal op's forward as one Mosaic GPU
+    kernel where every chunk is mild (the three passes otherwise, by lax.cond at run time)
+    against float64, forward and gradients, bf16, odd L, K != V."""
+    from pallas_kernels import linear_attention, per_feature
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "fused")
+    calls = spy(per_feature, "causal_forward_mosaic")  # clears the caches
+    B, L, H, K, V = 1, 130, 2, 40, 48
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay, per_feature=True)
+    g = g / 4 if decay == "mild" else g  # chunks of 64 summing to about -4: all mild
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) if with_s0 else None
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.bfloat16)
+    fused = lambda *a: pallas_kernels.causal_linear_attention(  # noqa: E731
+        *a[:4], chunk_size=64, initial_state=a[4])
+    reference = lambda *a: ops.causal_linear_attention(  # noqa: E731
+        *a[:4], impl="attention", initial_state=a[4])
+    check_bf16_against_float64(fused, reference, (q, k, v, g, s0), dy)
+    assert calls  # traced (both branches of the run-time choice are)
+    jax.clear_caches()  # no trace under the setting outlives the test
+
+
 def test_causal_forward_auto(monkeypatch):
     """``CAUSAL_FORWARD = "auto"`` (the default) takes the one-kernel forward when compiled and
     the two passes in the interpreter; only the two-pass algorithm's per-token decay has it."""
@@ -431,7 +453,9 @@ def test_causal_forward_auto(monkeypatch):
     assert switch(scalar, compiled) == {"fused": True}
     assert switch(scalar, dict(compiled, interpret=True)) == {}
     assert switch(scalar, dict(compiled, algorithm="sequential")) == {}
-    assert switch(per_feature, compiled) == {}
+    assert switch(per_feature, compiled) == {}  # PER_FEATURE_FORWARD = "three_passes"
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "fused")
+    assert switch(per_feature, compiled) == {"fused": True}
     monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "two_pass")
     assert switch(scalar, compiled) == {}
 
