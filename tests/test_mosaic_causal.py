@@ -23,7 +23,7 @@ ON_GPU = jax.default_backend() == "gpu"
 if ON_GPU and float(getattr(jax.devices()[0], "compute_capability", "0")) < 9.0:
     pytest.skip("Mosaic GPU kernels need compute capability >= 9.0", allow_module_level=True)
 INTERPRET = None if ON_GPU else plgpu.InterpretGPUParams()
-# y and h in the input dtype (W, the decayed queries and keys and the state rounded to it);
+# y and h in the input dtype (W, the decayed queries, keys or values and the state rounded to it);
 # the final state in float32 from the same rounded operands (in the one-product form the
 # update's keys are rounded twice: K e^-b, then times e^(b_last)): the 16-bit bound for all
 Y_TOL, H_TOL, FINAL_TOL = 5e-3, 5e-3, 5e-3
@@ -75,8 +75,7 @@ def inputs(seed, B, L, H, K, V, dtype, decay, per_feature=False):
     return q, k, v, jnp.asarray(g, jnp.float32)
 
 
-CASES = [  # L, K, V, dtype, decay, initial state, splits, store_states ("mild" and "edge"
-    # bf16 take the one-product form, "strong" and fp16 the mask of cumsum differences)
+CASES = [  # L, K, V, dtype, decay, initial state, splits, store_states
     (256, 64, 64, jnp.bfloat16, "mild", False, 1, True),
     (192, 64, 64, jnp.bfloat16, "edge", True, 1, True),
     (320, 64, 128, jnp.bfloat16, "strong", True, 1, True),
@@ -165,8 +164,9 @@ def test_per_feature_scan_takes_the_fused_kernel(decay, spy):
 def test_runs_agree(decay):
     """Cutting the chunks into runs (a walk of run ends, their scan, then the runs from their
     states) gives the single walk's results to 16-bit rounding: the run states come from the
-    states walk's keys (``K e^tail`` rounded once), so they differ from the single walk's in
-    the one-product form (``mild``) by that rounding, and agree to float32 otherwise."""
+    states walk's keys (``K e^tail`` rounded), the kernel's chain rounds ``e^tail V`` instead,
+    so with mild decay the final states differ by that rounding; with strong decay the
+    earlier runs' share of the final state vanishes and they agree to float32."""
     q, k, v, g = inputs(7, 1, 1024, 2, 64, 64, jnp.bfloat16, decay)
     call = jax.jit(lambda splits: causal_forward_warps(q, k, v, g, splits=splits,
                                                        interpret=INTERPRET),
