@@ -175,7 +175,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
 
             def decayed_values(n):  # the update's right operand e^tail V into vt_buf[n % 2]
                 slot = slot_of(n, stages)
-                wait_loaded(slot, (2, 5))
+                wait_loaded(slot, (2, 4, 5))  # v, e^A (its last entry decays the state), e^tail
                 v = plgpu.load(v_buf.at[slot], layout=WGMMA).astype(f32)
                 tail = rows_of(plgpu.load(rows_buf.at[slot, 2], layout=ROWS), v.shape)
                 vt_buf[slot_of(n, 2)] = (v * tail).astype(dtype)
