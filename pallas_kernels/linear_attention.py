@@ -159,12 +159,22 @@ def _fused_causal_backward(q, v, g, cfg):
             and causal_backward_supported(q.shape[-1], v.shape[-1], q.dtype))
 
 
+def _chunks_backward(q, g):
+    """Whether the per-feature backward may take ``per_feature_grads`` (``PER_FEATURE_BACKWARD``;
+    at run time, where every chunk is mild)."""
+    return g.ndim == 4 and PER_FEATURE_BACKWARD == "chunks" and q.dtype == jnp.bfloat16
+
+
 def _causal_fwd(q, k, v, g, s0, cfg):
     h = None
-    if _fused_causal_backward(q, v, g, cfg) and keep_states(q.shape[-1], v.shape[-1],
-                                                            cfg["chunk"]):
+    keep = keep_states(q.shape[-1], v.shape[-1], cfg["chunk"])
+    if _fused_causal_backward(q, v, g, cfg) and keep:
         y, state, h = chunk_scan_two_pass(q, k, v, g, s0, out_dtype=v.dtype, return_states=True,
                                           **_fused_cfg(cfg), **_forward_switch(g, cfg))
+    elif _chunks_backward(q, g) and keep and not _forward_switch(g, cfg):
+        # the three passes' chunk states, which per_feature_grads would walk again
+        y, state, states = _scan(q, k, v, g, s0, out_dtype=v.dtype, return_states=True, **cfg)
+        h = states.astype(q.dtype)
     else:
         y, state = _causal(q, k, v, g, s0, cfg)
     return (y, state), (q, k, v, g, s0, state, h)
@@ -222,10 +232,11 @@ def _causal_bwd(cfg, res, cotangents):
     q, k, v, g, s0, state, h = res
     dy, d_state = cotangents
     dy = dy.astype(v.dtype)
-    if g.ndim == 4 and PER_FEATURE_BACKWARD == "chunks" and q.dtype == jnp.bfloat16:
+    if _chunks_backward(q, g):
         return jax.lax.cond(
             mild_chunks(g, cfg["chunk"]),
-            lambda args: per_feature_grads(*args, chunk=cfg["chunk"], interpret=cfg["interpret"]),
+            lambda args: per_feature_grads(*args, chunk=cfg["chunk"], interpret=cfg["interpret"],
+                                           states=h),
             lambda args: _per_feature_bwd(*args, cfg), (q, k, v, g, s0, dy, d_state))
     if g.ndim == 4:
         return _per_feature_bwd(q, k, v, g, s0, dy, d_state, cfg)

@@ -23,8 +23,10 @@ the same rounded tiles::
                   + e^(b_C) rowsum(S * D)                      keys before, queries after
 
 (``dqt = M kt``, ``dkt = M^T qt``). The two walks that give S and D run over the chunks as
-the forward's does (``per_feature.chunk_states_per_feature``; D in reverse),
-and S and D are rounded to the input dtype for the products.
+the forward's does (``per_feature.chunk_states_per_feature``; D in reverse), and S and D are
+rounded to the input dtype for the products. S is the forward's own where the op kept it
+(``states``: the three passes' chunk states, ``linear_attention._causal_fwd``), so only D's
+walk remains.
 
 Why: the scans' form (``linear_attention._per_feature_bwd``) takes ``q . dq - k . dk`` of
 whole-sequence gradients and a chunk-end correction, whose terms cancel across chunks; on
@@ -91,7 +93,7 @@ def _pad_last(x, width):
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret"))
-def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret):
+def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=None):
     """Gradients of the per-feature causal op (module docstring) for bounded chunks.
 
     Args:
@@ -99,6 +101,8 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret):
       g: ``[B, L, H, K]`` float32 log-decays (every chunk mild: ``per_feature.mild_chunks``).
       s0: None or the initial state ``[B, H, K, V]``; d_state: the final state's cotangent
         ``[B, H, K, V]`` (zeros when it has none).
+      states: None, or the forward's state entering each chunk ``[B, H, N, K, V]`` (float32 or
+        the input dtype; the products take them rounded to it): the forward walk is skipped.
     Returns:
       ``(dq, dk, dv, d log_decay, d s0 or None)``: dq, dk, dv in the input dtype, d log_decay
       and d s0 float32.
@@ -108,7 +112,8 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret):
     C, N = chunk, L // chunk
     dtype = q.dtype
     kp, vp = _next_pow2(max(K, 16)), _next_pow2(max(V, 16))
-    states, _ = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=interpret)
+    if states is None:
+        states, _ = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=interpret)
     # the queries' states, by the reverse walk of (q, dy); its end state is d s0
     queries, first = chunk_states_per_feature(q, dy, g, d_state, chunk=C, interpret=interpret,
                                               reverse=True)

@@ -75,10 +75,13 @@ def chunks_backward(monkeypatch):
 
 @pytest.mark.parametrize("low,dtype", [(-0.2, jnp.bfloat16), (-20.0, jnp.bfloat16),
                                        (-0.2, jnp.float16)], ids=["bounded", "strong", "f16"])
-def test_the_op_takes_it_where_chunks_are_bounded(rng, chunks_backward, low, dtype):
+def test_the_op_takes_it_where_chunks_are_bounded(rng, chunks_backward, spy, low, dtype):
     """causal_linear_attention's gradients with the switch on, odd L (padded), a head dim
     below 16 (padded), an initial state and the final state's cotangent: within the bound
-    against float64 whichever path the inputs pick (strong decay and float16: the scans)."""
+    against float64 whichever path the inputs pick (strong decay and float16: the scans).
+    bf16: the forward keeps its chunk states, so the backward walks only the queries'."""
+    from pallas_kernels import per_feature_grads as module
+    walks = spy(module, "chunk_states_per_feature")
     q, k, v, g, s0, dy, ds = inputs(rng, 1, 83, 2, 12, 20, dtype, low)
 
     def op(q, k, v, g, s0):
@@ -90,6 +93,8 @@ def test_the_op_takes_it_where_chunks_are_bounded(rng, chunks_backward, low, dty
     for name, a, b in zip(["dq", "dk", "dv", "dlog_decay", "ds0"], got,
                           reference_grads(q, k, v, g, s0, dy, ds)):
         assert rel_err(a, b) < TOL, name
+    if dtype == jnp.bfloat16:  # traced in both branches of the run-time choice
+        assert [w.get("reverse") for w in walks] == [True]
 
 
 def test_lowers_for_cuda_once_per_shape():
