@@ -39,6 +39,10 @@ the speed ratios against the peers and LION's cost against our causal op (its ac
 is 2x), and writes results.json, results.md and results.png under --out (rewritten after every
 row, so a timeout keeps what was measured).
 ``--deadline`` stops starting new measurements once that many seconds have passed;
+``--resume`` keeps the rows of --out's results.json when they come from this machine since its
+last boot (same device and settings) and measures only the missing ones, so that calls of a
+few minutes each on one machine build one table (the acceptance run: every peer at L = 4K,
+16K, 32K and D = 64, 128 takes longer than one call);
 ``--fla-autotune-configs N`` keeps only the first N configs of every Triton autotuner (FLA's
 autotuning otherwise takes most of a short GPU call; FLA rows are then possibly slower than
 fully tuned). Needs a GPU (and torch + fla-core for the FLA rows).
@@ -244,14 +248,43 @@ def selected(name, ops):
     return any(name == op[:-1] if op.endswith("$") else name.startswith(op) for op in ops)
 
 
+def machine():
+    """This machine since its last boot: the device kind and the kernel's boot id (Linux), so
+    that ``--resume`` merges rows of one machine only."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "unknown"
+    return f"{jax.devices()[0].device_kind}, boot {boot}"
+
+
+def resumed_rows(path, settings):
+    """The rows of an earlier results.json at ``path`` when its machine and ``settings`` (batch,
+    heads, reps, jax version) are this run's, else [] (saying why)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        earlier = json.load(f)
+    here = dict(settings, machine=machine())
+    differ = [key for key, value in here.items() if earlier.get(key) != value]
+    if differ:
+        print(f"--resume: {path} differs in {', '.join(differ)}: measuring afresh")
+        return []
+    print(f"--resume: {len(earlier['rows'])} rows from an earlier call on this machine")
+    return earlier["rows"]
+
+
 def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None):
-    """Measures every op (or those ``ops`` selects, see :func:`selected`) at one shape;
-    appends to rows and calls save() after each row."""
+    """Measures every op (or those ``ops`` selects, see :func:`selected`) at one shape but
+    those rows already holds; appends to rows and calls save() after each row."""
     q, k, v, dy, g = inputs(B, L, H, D, rng)
 
     def measure(name, kind, timer):
         """Times one (op, pass) with ``timer() -> (ms, MiB)``; False once time is up."""
         if ops and not selected(name, ops):
+            return True
+        if any((r["op"], r["kind"], r["L"], r["D"]) == (name, kind, L, D) for r in rows):
             return True
         if out_of_time():
             return False
@@ -517,6 +550,8 @@ def main():
     parser.add_argument("--ops", default="", metavar="PREFIXES",
                         help="comma-separated op-name prefixes to time, or names ending in $ "
                              "for one op exactly (default: all)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep --out's rows from this machine and measure the rest")
     args = parser.parse_args()
     lengths = [4096, 16384] if args.quick else [int(x) for x in args.lengths.split(",")]
     dims = [64] if args.quick else [int(x) for x in args.dims.split(",")]
@@ -547,11 +582,14 @@ def main():
     header = (f"Device {device}, jax {jax.__version__}, B={args.batch}, H={args.heads}, bf16, "
               f"median of {reps}; FLA cross-check rel RMS {err}; FLA autotune configs capped "
               f"at {args.fla_autotune_configs or 'no cap'}")
-    rows = []
+    settings = dict(batch=args.batch, heads=args.heads, reps=reps, jax=jax.__version__)
+    path = os.path.join(args.out, "results.json")
+    rows = resumed_rows(path, settings) if args.resume else []
 
     def save():
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(dict(device=device, rows=rows, fla_cross_check=err), f, indent=1)
+        with open(path, "w") as f:
+            json.dump(dict(settings, device=device, machine=machine(), rows=rows,
+                           fla_cross_check=err), f, indent=1)
         with open(os.path.join(args.out, "results.md"), "w") as f:
             f.write(markdown(rows, header) + "\n")
 

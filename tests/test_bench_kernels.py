@@ -93,3 +93,25 @@ def test_traced_under_switches_the_settings(name):
     assert (f"| {name} vs {peer} | fwd+bwd | 64 | 0.50 |"
             in bench_kernels.markdown(rows, "# test"))
 
+
+
+def test_resume_keeps_this_machines_rows(tmp_path, monkeypatch, capsys):
+    """``--resume``: rows of an earlier call on this machine (same boot, device and settings)
+    are kept and not measured again; rows of another machine or other settings are not."""
+    import json
+    settings = dict(batch=1, heads=1, reps=2, jax=jax.__version__)
+    path = tmp_path / "results.json"
+    earlier = dict(op="xla_chunk_causal", kind="fwd", L=64, D=8, ms=9.0, mib=None)
+    path.write_text(json.dumps(dict(settings, machine=bench_kernels.machine(), rows=[earlier])))
+    rows = bench_kernels.resumed_rows(str(path), settings)
+    assert rows == [earlier] and "1 rows from an earlier call" in capsys.readouterr().out
+    bench_kernels.bench_shape(1, 64, 1, 8, 2, np.random.default_rng(0), rows, False,
+                              lambda: False, lambda: None, ["xla_chunk_causal$"])
+    assert [(r["kind"], r["ms"]) for r in rows][0] == ("fwd", 9.0)  # not measured again
+    assert [r["kind"] for r in rows] == ["fwd", "fwd+bwd"]
+    assert bench_kernels.resumed_rows(str(path), dict(settings, reps=3)) == []
+    assert "differs in reps" in capsys.readouterr().out
+    monkeypatch.setattr(bench_kernels, "machine", lambda: "another GPU, boot 0")
+    assert bench_kernels.resumed_rows(str(path), settings) == []
+    assert "differs in machine" in capsys.readouterr().out
+    assert bench_kernels.resumed_rows(str(tmp_path / "none.json"), settings) == []
