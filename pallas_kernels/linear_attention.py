@@ -90,9 +90,9 @@ PER_FEATURE_BACKWARD = "chunks"
 # 16-bit inputs on Hopper), "two_pass" (the states walk, then the outputs kernel), or "auto":
 # fused when compiled, the two passes in the interpreter (which runs the fused kernel's three
 # warpgroups as three XLA CPU programs; on a 2-core machine the third may never start,
-# tests/test_mosaic_causal.py). On one H200 (2026-12-06, B 4, H 16, L 16K, bf16) fused took
-# the op's forward from 0.455 to 0.336 ms at D 64 and from 0.908 to 0.557 at D 128, forward +
-# backward from 1.456 to 1.275 and from 2.609 to 2.364 (docs/benchmarks.md). Read when the op
+# tests/test_mosaic_causal.py). On one H100 (2026-12-07, B 4, H 16, L 16K, bf16) fused took
+# the op's forward from 0.489 to 0.370 ms at D 64 and from 1.093 to 0.511 at D 128, forward +
+# backward from 1.444 to 1.413 and from 3.216 to 2.859 (docs/benchmarks.md). Read when the op
 # is traced; `python -m experiments.bench_kernels` times both (pallas_causal_2pass, the
 # default, and pallas_causal_two_kernels).
 CAUSAL_FORWARD = "auto"
