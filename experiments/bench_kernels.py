@@ -585,10 +585,11 @@ def main():
     settings = dict(batch=args.batch, heads=args.heads, reps=reps, jax=jax.__version__)
     path = os.path.join(args.out, "results.json")
     rows = resumed_rows(path, settings) if args.resume else []
+    here = machine()
 
     def save():
         with open(path, "w") as f:
-            json.dump(dict(settings, device=device, machine=machine(), rows=rows,
+            json.dump(dict(settings, device=device, machine=here, rows=rows,
                            fla_cross_check=err), f, indent=1)
         with open(os.path.join(args.out, "results.md"), "w") as f:
             f.write(markdown(rows, header) + "\n")
