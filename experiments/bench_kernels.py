@@ -142,7 +142,8 @@ SETTINGS = {
                                        "PER_FEATURE_BACKWARD": "scans"},
     "pallas_causal_per_feature_scans": {"PER_FEATURE_BACKWARD": "scans"},
     "pallas_causal_per_feature_fused": {"PER_FEATURE_FORWARD": "fused"},
-    "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"}}
+    "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"},
+    "pallas_causal_triton_grads": {"CAUSAL_GRADS": "triton"}}
 
 
 def jax_cases(quick):
@@ -165,6 +166,7 @@ def jax_cases(quick):
     cases.update({name: causal_per_feature for name in SETTINGS  # traced under their settings
                   if name.startswith("pallas_causal_per_feature")})
     cases["pallas_causal_two_kernels"] = cases["pallas_causal_2pass"]  # under its setting
+    cases["pallas_causal_triton_grads"] = cases["pallas_causal_2pass"]
     cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),

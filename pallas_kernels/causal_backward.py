@@ -47,11 +47,14 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (crossing_sums, intra_decay, pad_state, pair_balance,
                                        through_terms)
-from pallas_kernels.two_pass import backward_layout
+from pallas_kernels.mosaic_causal_backward import grads_mosaic
+from pallas_kernels.mosaic_causal_backward import supported as mosaic_grads_reason
+from pallas_kernels.two_pass import WALK_BLOCK_V, backward_layout, walk_backend
 
 MAX_DIM = 128
 # float32 tiles take twice the shared memory: at head dims 96/80 the float32 kernel asked for
@@ -92,10 +95,10 @@ def supported(k_dim, v_dim, dtype):
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps", "num_stages",
-                                             "splits", "backend"))
+                                             "splits", "backend", "grads"))
 def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
                     chunk=64, interpret=False, num_warps=None, num_stages=2, splits=None,
-                    backend=None):
+                    backend=None, grads="auto"):
     """Gradients of the causal scan (see the module docstring).
 
     Args:
@@ -109,13 +112,16 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
       chunk, interpret, num_stages: as for ``chunk_scan``; num_warps: of the gradients kernel
         (None: ``two_pass.BACKWARD_WARPS``); splits, backend: as for
         ``two_pass.chunk_states`` (backend: the states walks' kernel).
+      grads: the gradients kernel: "auto" (the Mosaic GPU kernel of
+        ``mosaic_causal_backward.py`` where the walks run on Mosaic GPU and it takes the
+        inputs, else Triton), "mosaic" (a ValueError with the reason where it cannot) or
+        "triton".
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32, dS0 [B, H, K, V] float32 or None)``;
       dq, dk, dv in the input dtype.
     """
     B, L, H, K = q.shape
     V = v.shape[-1]
-    dtype = q.dtype
     q, k, v, do, g, kp, vp, precision, params, states = backward_layout(
         q, k, v, dy, log_decay, max_dim=MAX_DIM, chunk=chunk, interpret=interpret,
         num_warps=num_warps, num_stages=num_stages, splits=splits, backend=backend)
@@ -125,7 +131,41 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
         raise ValueError(f"h must be [B, H, N, Kp, Vp] = {(B, H, L // chunk, kp, vp)}; "
                          f"got {h.shape}")
     dh, ds0 = states(q, do, s0=pad_state(d_state, kp, vp), reverse=True)
+    ds0 = None if initial_state is None else ds0[:, :, :K, :V]
+    if _mosaic_grads(q, k, v, chunk=chunk, grads=grads, backend=backend, interpret=interpret):
+        dq, dk, dv, dlog_decay = grads_mosaic(
+            q, k, v, do, g, h, dh, chunk=chunk,
+            interpret=plgpu.InterpretGPUParams() if interpret else None)
+    else:
+        dq, dk, dv, dlog_decay = _triton_grads(q, k, v, do, g, h, dh, chunk=chunk,
+                                               precision=precision, params=params,
+                                               interpret=interpret)
+    dlog_decay = dlog_decay + through_terms([(h, dh)], g, chunk)
+    return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay, ds0
 
+
+def _mosaic_grads(q, k, v, *, chunk, grads, backend, interpret):
+    """Whether :func:`causal_backward` takes the Mosaic GPU gradients kernel (its ``grads``)."""
+    if grads not in ("auto", "mosaic", "triton"):
+        raise ValueError(f"grads must be 'auto', 'mosaic' or 'triton'; got {grads!r}")
+    if grads == "triton":
+        return False
+    reason = mosaic_grads_reason(q, v, chunk)
+    if grads == "mosaic":
+        if reason is not None:
+            raise ValueError(f"grads='mosaic': {reason}; use grads='auto' or 'triton'")
+        return True
+    walk = walk_backend(k, v, chunk=chunk, bv=min(v.shape[-1], WALK_BLOCK_V), backend=backend,
+                        interpret=interpret)
+    return reason is None and walk == "mosaic"
+
+
+def _triton_grads(q, k, v, do, g, h, dh, *, chunk, precision, params, interpret):
+    """The Triton gradients kernel over every chunk: ``(dq, dk, dv, dlog_decay)`` padded as
+    the inputs, dlog_decay without the pairs spanning a whole chunk."""
+    B, L, H, _ = q.shape
+    kp, vp = q.shape[-1], v.shape[-1]
+    dtype = q.dtype
     qk_spec = pl.BlockSpec((None, chunk, None, kp), lambda b, h, n: (b, n, h, 0))
     v_spec = pl.BlockSpec((None, chunk, None, vp), lambda b, h, n: (b, n, h, 0))
     row_spec = pl.BlockSpec((None, chunk, None), lambda b, h, n: (b, n, h))
@@ -140,6 +180,4 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
                    jax.ShapeDtypeStruct((B, L, H), jnp.float32)],
         compiler_params=params, interpret=interpret, name="causal_backward",
     )(q, k, v, do, g, h, dh)
-    dlog_decay = dlog_decay + through_terms([(h, dh)], g, chunk)
-    ds0 = None if initial_state is None else ds0[:, :, :K, :V]
-    return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay, ds0
+    return dq, dk, dv, dlog_decay

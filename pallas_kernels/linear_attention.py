@@ -96,6 +96,12 @@ PER_FEATURE_BACKWARD = "chunks"
 # is traced; `python -m experiments.bench_kernels` times both (pallas_causal_2pass, the
 # default, and pallas_causal_two_kernels).
 CAUSAL_FORWARD = "auto"
+# The causal backward's gradients kernel (per-token decay, causal_backward.py's ``grads``):
+# "auto" (the Mosaic GPU kernel, mosaic_causal_backward.py, where the states walks run on
+# Mosaic GPU and it takes the inputs: 16-bit, Kp = Vp = 64), or "triton". Read when the op is
+# traced; `python -m experiments.bench_kernels` times both (pallas_causal_2pass, the default,
+# and pallas_causal_triton_grads).
+CAUSAL_GRADS = "auto"
 # The causal forward of per-feature decay: "three_passes" (per_feature.chunk_scan_per_feature:
 # chunk states, their walk, the outputs) or "fused" (chunk_scan_per_feature(fused=True): one
 # Mosaic GPU kernel, mosaic_causal.py, where every chunk is mild, bf16 on Hopper or in the
@@ -243,7 +249,7 @@ def _causal_bwd(cfg, res, cotangents):
     if _fused_causal_backward(q, v, g, cfg):
         dq, dk, dv, dlog_decay, ds0 = causal_backward(
             q, k, v, g, s0, dy, d_state, h, chunk=cfg["chunk"],
-            interpret=cfg["interpret"], backend=cfg["backend"])
+            interpret=cfg["interpret"], backend=cfg["backend"], grads=CAUSAL_GRADS)
         return dq, dk, dv, dlog_decay.astype(g.dtype), ds0
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
     # dq and dk without the diagonal pairs (strict scans), whose terms q_t k_t (dy_t . v_t)

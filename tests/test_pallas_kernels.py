@@ -522,6 +522,36 @@ def test_causal_backward_states_kept_or_recomputed(rng):
         assert err <= TOL[jnp.float32], f"{name}: {err}"
 
 
+@pytest.mark.parametrize("K,V,decay", [(64, 64, "strong"), (40, 48, "mild")])
+def test_causal_grads_mosaic_against_triton(rng, K, V, decay):
+    """The causal backward's Mosaic GPU gradients kernel (on CPU in its interpreter) against
+    the Triton kernel on the same states, bf16, with an initial state and its cotangent."""
+    from pallas_kernels.causal_backward import causal_backward
+    B, L, H = 1, 192, 2
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay)
+    s0, ds = (jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) for _ in range(2))
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.bfloat16)
+    run = functools.partial(causal_backward, q, k, v, g, s0, dy, ds, chunk=64,
+                            interpret=not ON_GPU, backend="mosaic")
+    got, want = run(grads="mosaic"), run(grads="triton")
+    check_close(got, want, jnp.bfloat16, ["dq", "dk", "dv", "dlog_decay", "ds0"])
+
+
+def test_causal_grads_mosaic_reasons():
+    """grads="mosaic" names what it cannot take; "auto" then takes the Triton kernel."""
+    from pallas_kernels.causal_backward import causal_backward
+    from pallas_kernels.mosaic_causal_backward import supported
+    x = jnp.zeros((1, 64, 1, 128), jnp.bfloat16)
+    assert "shared memory" in supported(x, x, 64)
+    assert "bf16 or fp16" in supported(x.astype(jnp.float32), x.astype(jnp.float32), 64)
+    assert "chunks of 64" in supported(x[:, :, :, :64], x[:, :, :, :64], 32)
+    g, s = jnp.zeros((1, 64, 1), jnp.float32), jnp.zeros((1, 1, 128, 128), jnp.float32)
+    with pytest.raises(ValueError, match="grads='mosaic': .*shared memory"):
+        causal_backward(x, x, x, g, None, x, s, chunk=64, interpret=True, grads="mosaic")
+    with pytest.raises(ValueError, match="grads must be"):
+        causal_backward(x, x, x, g, None, x, s, chunk=64, interpret=True, grads="cuda")
+
+
 def test_fit_layout_within_shared_memory():
     """The scan layouts the H100 compiled keep their chunk; those it refused (shared memory)
     get smaller chunks, then V-blocks; states for a fused backward never change chunk."""

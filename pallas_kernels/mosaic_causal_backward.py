@@ -1,0 +1,224 @@
+"""The causal backward's gradients kernel (``causal_backward.py``) as a Pallas Mosaic GPU
+kernel (Hopper, sm_90).
+
+Same math as ``causal_backward._grads_kernel``: for chunk n with chunk-local inclusive
+cumulative log-decays ``A`` (float32), the forward state ``h`` entering the chunk and the
+reverse state ``dh`` of ``(q, do)`` leaving it,
+
+    D   = exp(A_i - A_j) [i >= j]                                  [C, C]
+    P   = (Q K^T) * D,       dP = (dO V^T) * D
+    dQ  = dP K + (dO h^T) * e^A                  e^A_i = exp(A_i)
+    dK  = dP^T Q + (V dh^T) * e^tail             e^tail_j = exp(sum_{s > j} a_s)
+    dV  = P^T dO + (K * e^tail) dh
+
+and d log_decay's terms within the chunk (``chunk_scan.crossing_sums``): ``after`` =
+``rowsum(X) + rowsum(Q * (dO h^T) e^A)`` less ``colsum(X)``, ``X = (Q K^T) * (dO V^T) * D``
+below the diagonal, and ``before = rowsum(K * (V dh^T) e^tail)``. The kernel writes the three
+per-token sums; the cumulative sums over each chunk's tokens run in XLA (:func:`grads_mosaic`).
+
+Kernel layout: one program per (b, h, run r) walks the chunks of its run with a TMA pipeline
+(``plgpu.emit_pipeline``, ``STAGES`` steps in flight) over q, k ``[C, Kp]``, v, do ``[C,
+Vp]``, h[n], dh[n] ``[Kp, Vp]`` and four decay rows (A, e^A, e^tail, and A again, read in the
+columns' layout); one warpgroup per program. Per chunk: two wgmmas for ``Q K^T`` and ``dO
+V^T``; the mask, P and dP in registers, P and dP rounded to the input dtype into shared
+memory; then two groups of wgmmas, each issued together: dq's (``dO h^T``, ``dP K``) and
+dk's and dv's (``V dh^T``, ``dP^T Q``, ``P^T dO`` and ``(K e^tail) dh``, the scaled keys
+written over the chunk's k tile, which ``dP K`` has read). P and dP enter the last products
+transposed from shared memory (the wgmma reads them in either order). dq, dk, dv and the
+three sums go out by TMA from two steps' worth of buffers, each step's copies overlapping the
+next step.
+
+Rounding: as the Triton kernel but ``K e^tail``, rounded to the input dtype before its
+product (the forward kernels round their decayed operands the same way), so only 16-bit inputs
+are taken. Whole ``[Kp, Vp]`` state tiles per step: Kp = Vp = 64 fits in shared memory with
+two steps in flight; larger head dims take the Triton kernel (:func:`supported`).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.chunk_scan import crossing_sums, mask_rows
+from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
+from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
+from pallas_kernels.two_pass import runs_until
+
+CHUNK = 64
+# Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
+STAGES = 2
+# Cut the chunks into runs until there are this many programs (two_pass.runs_until).
+TARGET_PROGRAMS = 512
+# Decay rows per step: A, e^A, e^tail (mask_rows), and A again for the columns' layout.
+ROW_INDICES = (0, 1, 2, 0)
+# Per-token sums written per chunk: rowsum(X) + the queries' states term, colsum(X), and
+# the keys' states term.
+SUMS = 3
+
+
+def smem_bytes(chunk, kp, vp, itemsize, stages=STAGES):
+    """Shared memory of one program: ``stages`` steps of q, k, v, do, h, dh (16-bit) and the
+    decay rows; P and dP; two steps of output buffers (dq, dk, dv and the float32 sums)."""
+    step = (2 * chunk * kp + 2 * chunk * vp + 2 * kp * vp) * itemsize
+    step += len(ROW_INDICES) * 4 * chunk
+    outs = (2 * chunk * kp + chunk * vp) * itemsize + SUMS * 4 * chunk
+    return stages * step + 2 * chunk * chunk * itemsize + 2 * outs
+
+
+def supported(q, v, chunk):
+    """None when :func:`grads_mosaic` takes these padded inputs (``two_pass.pad_layout``),
+    else why (the Triton kernel takes them)."""
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
+        return (f"the Mosaic causal gradients kernel takes bf16 or fp16 inputs (got {q.dtype},"
+                f" {v.dtype})")
+    kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
+    if kp % 64 or vp % 64:
+        return f"the Mosaic causal gradients kernel needs Kp, Vp multiples of 64 (got {kp}, {vp})"
+    if chunk != CHUNK or L % chunk:
+        return (f"the Mosaic causal gradients kernel takes chunks of {CHUNK} dividing L (got "
+                f"{chunk}, L={L})")
+    need = smem_bytes(chunk, kp, vp, q.dtype.itemsize) + 4096  # + barriers
+    if need > SMEM_BYTES:
+        return (f"the Mosaic causal gradients kernel at Kp = {kp}, Vp = {vp} needs {need} bytes"
+                f" of shared memory (at most {SMEM_BYTES})")
+    return None
+
+
+def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref,
+            sums_ref, *, chunk, run):
+    """One (b, h, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
+
+    q, k, dq, dk ``[B, L, H, Kp]``; v, do, dv ``[B, L, H, Vp]``; rows ``[3, B, H, L]`` float32
+    (A, e^A, e^tail); h, dh ``[B, H, N * Kp, Vp]``; sums ``[SUMS, B, H, L]`` float32.
+    """
+    b, hd, r = (lax.axis_index(a) for a in "bhr")
+    kp, vp = q_ref.shape[-1], v_ref.shape[-1]
+    dtype, f32 = q_ref.dtype, jnp.float32
+    tile = (chunk, chunk)
+    iota = lambda axis: plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, tile, axis), WGMMA)
+    rows_i, cols_j = iota(0), iota(1)
+
+    def step(idx, q_s, k_s, v_s, do_s, a_s, ea_s, et_s, a_cols_s, h_s, dh_s, *, p_s, dp_s,
+             outs):
+        n = first + idx[0]
+        slot = lax.rem(idx[0], jnp.asarray(2, idx[0].dtype))
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's copies of step i - 2 read
+        dq_s, dk_s, dv_s, sums_s = (buf.at[slot] for buf in outs)
+
+        def products(acc_s, acc_g):
+            plgpu.wgmma(acc_s, q_s, k_s.transpose((1, 0)))
+            plgpu.wgmma(acc_g, do_s, v_s.transpose((1, 0)))
+            return acc_s[...], acc_g[...]
+
+        s, grad_w = pl.run_scoped(products, plgpu.ACC(tile, f32), plgpu.ACC(tile, f32))
+        a_i = rows_of(plgpu.load(a_s, layout=ROWS), tile)
+        a_j = cols_of(plgpu.load(a_cols_s, layout=COLS), tile)
+        # exponents <= 0 where kept: no overflow at any decay
+        decay = jnp.where(rows_i >= cols_j, jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
+        p = s * decay
+        x = jnp.where(rows_i > cols_j, p * grad_w, 0.0)
+        p_s[...] = p.astype(dtype)
+        dp_s[...] = (grad_w * decay).astype(dtype)
+        plgpu.commit_smem()  # visible to the wgmmas
+
+        def dq_products(acc_i, acc_q):
+            plgpu.wgmma(acc_i, do_s, h_s.transpose((1, 0)))  # keys before the chunk
+            plgpu.wgmma(acc_q, dp_s, k_s)
+            return acc_i[...], acc_q[...]
+
+        inter, dq = pl.run_scoped(dq_products, plgpu.ACC((chunk, kp), f32),
+                                  plgpu.ACC((chunk, kp), f32))
+        inter = inter * rows_of(plgpu.load(ea_s, layout=ROWS), inter.shape)
+        q = plgpu.load(q_s, layout=WGMMA).astype(f32)
+        sums_s[0] = jnp.sum(x, axis=1) + jnp.sum(q * inter, axis=1)
+        sums_s[1] = jnp.sum(x, axis=0)
+        dq_s[...] = (dq + inter).astype(dtype)
+        k = plgpu.load(k_s, layout=WGMMA).astype(f32)
+        et = rows_of(plgpu.load(et_s, layout=ROWS), k.shape)
+        k_s[...] = (k * et).astype(dtype)  # dP K has read k
+        plgpu.commit_smem()
+
+        def dkv_products(acc_i, acc_k, acc_v):
+            plgpu.wgmma(acc_i, v_s, dh_s.transpose((1, 0)))  # queries after the chunk
+            plgpu.wgmma(acc_k, dp_s.transpose((1, 0)), q_s)
+            plgpu.wgmma(acc_v, p_s.transpose((1, 0)), do_s)
+            plgpu.wgmma(acc_v, k_s, dh_s)
+            return acc_i[...], acc_k[...], acc_v[...]
+
+        inter, dk, dv = pl.run_scoped(dkv_products, plgpu.ACC((chunk, kp), f32),
+                                      plgpu.ACC((chunk, kp), f32), plgpu.ACC((chunk, vp), f32))
+        inter = inter * et
+        sums_s[2] = jnp.sum(k * inter, axis=1)
+        dk_s[...] = (dk + inter).astype(dtype)
+        dv_s[...] = dv.astype(dtype)
+        plgpu.commit_smem()
+        tokens = pl.ds(n * chunk, chunk)
+        for src, dst in ((dq_s, dq_ref), (dk_s, dk_ref), (dv_s, dv_ref)):
+            plgpu.copy_smem_to_gmem(src, dst.at[b, tokens, hd, :], commit_group=False)
+        for e in range(SUMS):
+            plgpu.copy_smem_to_gmem(sums_s.at[e], sums_ref.at[e, b, hd, tokens],
+                                    commit_group=False)
+        plgpu.commit_smem_to_gmem_group()
+
+    first = r * run
+    tile_spec = lambda width: plgpu.BlockSpec((chunk, width), lambda i: (first + i, 0),
+                                              transforms=_TILE16)
+    row_spec = plgpu.BlockSpec((chunk,), lambda i: (first + i,))
+    state_spec = plgpu.BlockSpec((kp, vp), lambda i: (first + i, 0), transforms=_TILE16)
+    in_specs = ([tile_spec(kp)] * 2 + [tile_spec(vp)] * 2 + [row_spec] * len(ROW_INDICES)
+                + [state_spec] * 2)
+    in_refs = [x.at[b, :, hd, :] for x in (q_ref, k_ref, v_ref, do_ref)]
+    in_refs += [rows_ref.at[e, b, hd] for e in ROW_INDICES]
+    in_refs += [h_ref.at[b, hd], dh_ref.at[b, hd]]
+
+    def walk(p_s, dp_s, dq_buf, dk_buf, dv_buf, sums_buf):
+        plgpu.emit_pipeline(
+            functools.partial(step, p_s=p_s, dp_s=dp_s,
+                              outs=(dq_buf, dk_buf, dv_buf, sums_buf)),
+            grid=(run,), in_specs=in_specs, max_concurrent_steps=STAGES)(*in_refs)
+        plgpu.wait_smem_to_gmem(0)
+
+    square = plgpu.SMEM(tile, dtype, transforms=_TILE16)
+    pl.run_scoped(walk, square, square,
+                  plgpu.SMEM((2, chunk, kp), dtype, transforms=_TILE16),
+                  plgpu.SMEM((2, chunk, kp), dtype, transforms=_TILE16),
+                  plgpu.SMEM((2, chunk, vp), dtype, transforms=_TILE16),
+                  plgpu.SMEM((2, SUMS, chunk), f32))
+
+
+def grads_mosaic(q, k, v, do, g, h, dh, *, chunk, interpret=None):
+    """dq, dk, dv and d log_decay's in-chunk share of the causal backward on Mosaic GPU.
+
+    Args:
+      q, k: ``[B, L, H, Kp]``; v, do: ``[B, L, H, Vp]``, bf16 or fp16, padded as
+        ``two_pass.backward_layout`` pads them (see :func:`supported`); g: ``[B, L, H]``
+        float32 log-decays.
+      h, dh: ``[B, H, N, Kp, Vp]`` in the input dtype: the forward states entering every chunk
+        and the reverse states of ``(q, do)`` leaving it.
+      interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
+    Returns:
+      ``(dq, dk, dv, dlog_decay [B, L, H] float32)``: the gradients padded as their inputs,
+      dlog_decay without the pairs spanning a whole chunk (``chunk_scan.through_terms``).
+    """
+    if (reason := supported(q, v, chunk)) is not None:
+        raise ValueError(reason)
+    B, L, H, kp = q.shape
+    vp = v.shape[-1]
+    N = L // chunk
+    runs = runs_until(B * H, N, TARGET_PROGRAMS)
+    out_type = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, q.dtype),
+                jax.ShapeDtypeStruct(v.shape, q.dtype),
+                jax.ShapeDtypeStruct((SUMS, B, H, L), jnp.float32))
+    dq, dk, dv, sums = plgpu.kernel(
+        functools.partial(_kernel, chunk=chunk, run=N // runs),
+        out_type=out_type, grid=(B, H, runs), grid_names=tuple("bhr"), interpret=interpret,
+        kernel_name="causal_grads_mosaic",
+    )(q, k, v, do, mask_rows(g, chunk), h.reshape(B, H, N * kp, vp),
+      dh.reshape(B, H, N * kp, vp))
+    sums = sums.reshape(SUMS, B, H, N, chunk)
+    in_chunk = jnp.vectorize(crossing_sums, signature="(c),(c)->(c)")(
+        sums[2], sums[0] - sums[1])
+    return dq, dk, dv, jnp.swapaxes(in_chunk.reshape(B, H, L), 1, 2)
