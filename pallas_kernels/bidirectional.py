@@ -32,6 +32,9 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (BOTH, _next_pow2, _pad_axis, chunk_decays, crossing_sums,
                                        pad_layout, pair_balance, through_terms)
+from pallas_kernels.mosaic_causal_backward import takes_mosaic
+from pallas_kernels.mosaic_lion_backward import lion_grads_mosaic
+from pallas_kernels.mosaic_lion_backward import supported as mosaic_grads_reason
 from pallas_kernels.mosaic_outputs import bidirectional_outputs_mosaic
 from pallas_kernels.mosaic_outputs import supported as mosaic_output_reason
 from pallas_kernels.two_pass import (WALK_BLOCK_V, backward_layout, chunk_states, fitted_chunk,
@@ -358,10 +361,10 @@ def _grads_kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, *refs, normalize, precisio
 
 @functools.partial(jax.jit, static_argnames=("normalize", "eps", "chunk", "interpret",
                                              "num_warps", "num_stages", "splits", "one_kernel",
-                                             "backend"))
+                                             "backend", "grads"))
 def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None, den=None,
                   offset=None, normalize, eps=1e-6, chunk=64, interpret=False, num_warps=None,
-                  num_stages=2, splits=None, one_kernel=None, backend=None):
+                  num_stages=2, splits=None, one_kernel=None, backend=None, grads="auto"):
     """Gradients of LION attention in one pass over the chunks (head dims <= 128).
 
     With the weights ``w_ij = s_ij M_ij`` (``s_ij = q_i . k_j``) and their cotangents
@@ -400,6 +403,10 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
       num_warps: of the gradients kernels (None: ``two_pass.BACKWARD_WARPS``); num_stages,
         chunk, interpret: as for ``chunk_scan``; splits, backend: as for
         ``two_pass.chunk_states`` (backend: the states walks' kernel).
+      grads: the gradients kernel: "auto" (the Mosaic GPU kernel of
+        ``mosaic_lion_backward.py`` where the walks run on Mosaic GPU and it takes the
+        inputs, else Triton), "mosaic" (a ValueError with the reason where it cannot) or
+        "triton" (``one_kernel`` picks the Triton kernels).
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32)``.
     """
@@ -460,7 +467,12 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
 
     if one_kernel is None:
         one_kernel = max(kp, vp) <= MAX_ONE_KERNEL_DIM
-    if one_kernel:
+    if takes_mosaic(grads, mosaic_grads_reason(q, v, chunk, normalize), k, v, chunk=chunk,
+                    backend=backend, interpret=interpret):
+        dq, dk, dv, da = lion_grads_mosaic(
+            q, k, v, dy, g, kv, qd, rows, chunk=chunk, normalize=normalize,
+            interpret=plgpu.InterpretGPUParams() if interpret else None)
+    elif one_kernel:
         dq, dk, dv, da = call("all", (kv, qd))
     else:
         dq, da_q = call("dq", (kv,))

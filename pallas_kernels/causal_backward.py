@@ -53,9 +53,9 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (crossing_sums, intra_decay, pad_state, pair_balance,
                                        through_terms)
-from pallas_kernels.mosaic_causal_backward import grads_mosaic
+from pallas_kernels.mosaic_causal_backward import grads_mosaic, takes_mosaic
 from pallas_kernels.mosaic_causal_backward import supported as mosaic_grads_reason
-from pallas_kernels.two_pass import WALK_BLOCK_V, backward_layout, walk_backend
+from pallas_kernels.two_pass import backward_layout
 
 MAX_DIM = 128
 # float32 tiles take twice the shared memory: at head dims 96/80 the float32 kernel asked for
@@ -133,7 +133,8 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
                          f"got {h.shape}")
     dh, ds0 = states(q, do, s0=pad_state(d_state, kp, vp), reverse=True)
     ds0 = None if initial_state is None else ds0[:, :, :K, :V]
-    if _mosaic_grads(q, k, v, chunk=chunk, grads=grads, backend=backend, interpret=interpret):
+    if takes_mosaic(grads, mosaic_grads_reason(q, v, chunk), k, v, chunk=chunk, backend=backend,
+                    interpret=interpret):
         dq, dk, dv, dlog_decay = grads_mosaic(
             q, k, v, do, g, h, dh, chunk=chunk,
             interpret=plgpu.InterpretGPUParams() if interpret else None)
@@ -143,22 +144,6 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
                                                interpret=interpret)
     dlog_decay = dlog_decay + through_terms([(h, dh)], g, chunk)
     return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay, ds0
-
-
-def _mosaic_grads(q, k, v, *, chunk, grads, backend, interpret):
-    """Whether :func:`causal_backward` takes the Mosaic GPU gradients kernel (its ``grads``)."""
-    if grads not in ("auto", "mosaic", "triton"):
-        raise ValueError(f"grads must be 'auto', 'mosaic' or 'triton'; got {grads!r}")
-    if grads == "triton":
-        return False
-    reason = mosaic_grads_reason(q, v, chunk)
-    if grads == "mosaic":
-        if reason is not None:
-            raise ValueError(f"grads='mosaic': {reason}; use grads='auto' or 'triton'")
-        return True
-    walk = walk_backend(k, v, chunk=chunk, bv=min(v.shape[-1], WALK_BLOCK_V), backend=backend,
-                        interpret=interpret)
-    return reason is None and walk == "mosaic"
 
 
 def _triton_grads(q, k, v, do, g, h, dh, *, chunk, precision, params, interpret):

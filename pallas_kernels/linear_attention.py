@@ -96,12 +96,14 @@ PER_FEATURE_BACKWARD = "chunks"
 # is traced; `python -m experiments.bench_kernels` times both (pallas_causal_2pass, the
 # default, and pallas_causal_two_kernels).
 CAUSAL_FORWARD = "auto"
-# The causal backward's gradients kernel (per-token decay, causal_backward.py's ``grads``):
-# "auto" (the Mosaic GPU kernel, mosaic_causal_backward.py, where the states walks run on
-# Mosaic GPU and it takes the inputs: 16-bit, Kp = Vp = 64), or "triton". Read when the op is
-# traced; `python -m experiments.bench_kernels` times both (pallas_causal_2pass, the default,
-# and pallas_causal_triton_grads).
-CAUSAL_GRADS = "auto"
+# The fused backwards' gradients kernel (per-token decay: causal_backward.py's and
+# bidirectional.lion_backward's ``grads``): "auto" (the Mosaic GPU kernels,
+# mosaic_causal_backward.py and mosaic_lion_backward.py, where the states walks run on Mosaic
+# GPU and they take the inputs: 16-bit, Kp = Vp = 64), or "triton". Read when the op is
+# traced; `python -m experiments.bench_kernels` times both (pallas_causal_2pass and
+# pallas_lion_2pass, the defaults, against pallas_causal_triton_grads and
+# pallas_lion_triton_grads).
+GRADS_KERNEL = "auto"
 # The causal forward of per-feature decay: "three_passes" (per_feature.chunk_scan_per_feature:
 # chunk states, their walk, the outputs) or "fused" (chunk_scan_per_feature(fused=True): one
 # Mosaic GPU kernel, mosaic_causal.py, where every chunk is mild, bf16 on Hopper or in the
@@ -249,7 +251,7 @@ def _causal_bwd(cfg, res, cotangents):
     if _fused_causal_backward(q, v, g, cfg):
         dq, dk, dv, dlog_decay, ds0 = causal_backward(
             q, k, v, g, s0, dy, d_state, h, chunk=cfg["chunk"],
-            interpret=cfg["interpret"], backend=cfg["backend"], grads=CAUSAL_GRADS)
+            interpret=cfg["interpret"], backend=cfg["backend"], grads=GRADS_KERNEL)
         return dq, dk, dv, dlog_decay.astype(g.dtype), ds0
     s0_t = None if s0 is None else jnp.swapaxes(s0, 2, 3)
     # dq and dk without the diagonal pairs (strict scans), whose terms q_t k_t (dy_t . v_t)
@@ -409,7 +411,7 @@ def _lion_bwd(cfg, normalize, eps, res, dy):
                                                den=den, offset=m, normalize=normalize,
                                                eps=eps, chunk=cfg["chunk"],
                                                interpret=cfg["interpret"],
-                                               backend=cfg["backend"])
+                                               backend=cfg["backend"], grads=GRADS_KERNEL)
         return dq, dk, dv, dlog_decay.astype(g.dtype), dm
     dnum, dq_in, v_in, pairs = dy, dy, v, (v, dy)
     if normalize:  # larger head dims: fused scans, [dnum | dden] against [v | 1]

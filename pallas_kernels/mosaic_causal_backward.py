@@ -45,7 +45,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.chunk_scan import crossing_sums, mask_rows
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
 from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
-from pallas_kernels.two_pass import runs_until
+from pallas_kernels.two_pass import WALK_BLOCK_V, runs_until, walk_backend
 
 CHUNK = 64
 # Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
@@ -85,6 +85,22 @@ def supported(q, v, chunk):
         return (f"the Mosaic causal gradients kernel at Kp = {kp}, Vp = {vp} needs {need} bytes"
                 f" of shared memory (at most {SMEM_BYTES})")
     return None
+
+
+def takes_mosaic(grads, reason, k, v, *, chunk, backend, interpret):
+    """Whether a fused backward takes its Mosaic GPU gradients kernel (this module's or
+    ``mosaic_lion_backward.py``'s) for its ``grads`` argument: "auto" where the states walks
+    run on Mosaic GPU (``two_pass.walk_backend``) and ``reason`` (the kernel's ``supported``)
+    is None, "mosaic" (a ValueError with the reason where it is not None) or "triton"."""
+    if grads not in ("auto", "mosaic", "triton"):
+        raise ValueError(f"grads must be 'auto', 'mosaic' or 'triton'; got {grads!r}")
+    if grads == "mosaic" and reason is not None:
+        raise ValueError(f"grads='mosaic': {reason}; use grads='auto' or 'triton'")
+    if grads != "auto":
+        return grads == "mosaic"
+    walk = walk_backend(k, v, chunk=chunk, bv=min(v.shape[-1], WALK_BLOCK_V), backend=backend,
+                        interpret=interpret)
+    return reason is None and walk == "mosaic"
 
 
 def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref,

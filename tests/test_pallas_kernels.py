@@ -537,8 +537,27 @@ def test_causal_grads_mosaic_against_triton(rng, K, V, decay):
     check_close(got, want, jnp.bfloat16, ["dq", "dk", "dv", "dlog_decay", "ds0"])
 
 
-def test_causal_grads_mosaic_reasons():
-    """grads="mosaic" names what it cannot take; "auto" then takes the Triton kernel."""
+@pytest.mark.parametrize("normalize,K,V,decay", [(True, 64, 64, "strong"),
+                                                  (False, 40, 48, "mild")])
+def test_lion_grads_mosaic_against_triton(rng, normalize, K, V, decay):
+    """LION's Mosaic GPU gradients kernel (on CPU in its interpreter) against the Triton
+    kernel on the same states, bf16, normalised (r, u and the z states) or not."""
+    from pallas_kernels.bidirectional import bidirectional_scan, lion_backward
+    B, L, H = 1, 192, 2
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay, positive=True)
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.bfloat16)
+    kw = dict(normalize=normalize, chunk=64, interpret=not ON_GPU, backend="mosaic")
+    forward = {}
+    if normalize:
+        y, low, den = bidirectional_scan(q, k, v, g, low_part=True, **kw)
+        forward = dict(y=y, y_low=low, den=den)
+    run = functools.partial(lion_backward, q, k, v, g, dy, **forward, **kw)
+    got, want = run(grads="mosaic"), run(grads="triton")
+    check_close(got, want, jnp.bfloat16, ["dq", "dk", "dv", "dlog_decay"])
+
+
+def test_grads_mosaic_reasons():
+    """grads="mosaic" names what the Mosaic gradients kernels cannot take."""
     from pallas_kernels.causal_backward import causal_backward
     from pallas_kernels.mosaic_causal_backward import supported
     x = jnp.zeros((1, 64, 1, 128), jnp.bfloat16)
@@ -550,6 +569,9 @@ def test_causal_grads_mosaic_reasons():
         causal_backward(x, x, x, g, None, x, s, chunk=64, interpret=True, grads="mosaic")
     with pytest.raises(ValueError, match="grads must be"):
         causal_backward(x, x, x, g, None, x, s, chunk=64, interpret=True, grads="cuda")
+    from pallas_kernels.mosaic_lion_backward import supported as lion_supported
+    assert "shared memory" in lion_supported(x, x, 64, normalize=True)
+    assert lion_supported(x[..., :64], x[..., :64], 64, normalize=True) is None
 
 
 def test_fit_layout_within_shared_memory():
