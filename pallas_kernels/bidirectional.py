@@ -472,7 +472,8 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
         dq, dk, dv, da = lion_grads_mosaic(
             q, k, v, dy, g, kv, qd, rows, chunk=chunk, normalize=normalize,
             interpret=plgpu.InterpretGPUParams() if interpret else None)
-    elif one_kernel:
+        return dq[..., :K], dk[..., :K], dv[..., :V], da
+    if one_kernel:
         dq, dk, dv, da = call("all", (kv, qd))
     else:
         dq, da_q = call("dq", (kv,))

@@ -142,7 +142,7 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
         dq, dk, dv, dlog_decay = _triton_grads(q, k, v, do, g, h, dh, chunk=chunk,
                                                precision=precision, params=params,
                                                interpret=interpret)
-    dlog_decay = dlog_decay + through_terms([(h, dh)], g, chunk)
+        dlog_decay = dlog_decay + through_terms([(h, dh)], g, chunk)
     return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay, ds0
 
 

@@ -13,8 +13,10 @@ reverse state ``dh`` of ``(q, do)`` leaving it,
 
 and d log_decay's terms within the chunk (``chunk_scan.crossing_sums``): ``after`` =
 ``rowsum(X) + rowsum(Q * (dO h^T) e^A)`` less ``colsum(X)``, ``X = (Q K^T) * (dO V^T) * D``
-below the diagonal, and ``before = rowsum(K * (V dh^T) e^tail)``. The kernel writes the three
-per-token sums; the cumulative sums over each chunk's tokens run in XLA (:func:`grads_mosaic`).
+below the diagonal, and ``before = rowsum(K * (V dh^T) e^tail)``; and the pairs spanning the
+chunk (``chunk_scan.through_terms``) from ``rowsum(h * dh)``, the state tiles it holds. The
+kernel writes the three per-token sums and the ``Kp`` row sums; the cumulative sums over each
+chunk's tokens and the rest of the through terms run in XLA (:func:`grads_mosaic`).
 
 Kernel layout: one program per (b, h, run r) walks the chunks of its run with a TMA pipeline
 (``plgpu.emit_pipeline``, ``STAGES`` steps in flight) over q, k ``[C, Kp]``, v, do ``[C,
@@ -23,10 +25,10 @@ columns' layout); one warpgroup per program. Per chunk: two wgmmas for ``Q K^T``
 V^T``; the mask, P and dP in registers, P and dP rounded to the input dtype into shared
 memory; then two groups of wgmmas, each issued together: dq's (``dO h^T``, ``dP K``) and
 dk's and dv's (``V dh^T``, ``dP^T Q``, ``P^T dO`` and ``(K e^tail) dh``, the scaled keys
-written over the chunk's k tile, which ``dP K`` has read). P and dP enter the last products
-transposed from shared memory (the wgmma reads them in either order). dq, dk, dv and the
-three sums go out by TMA from two steps' worth of buffers, each step's copies overlapping the
-next step.
+written over the chunk's k tile, which ``dP K`` has read), ``rowsum(h * dh)`` while those
+run. P and dP enter the last products transposed from shared memory (the wgmma reads them in
+either order). dq, dk, dv and the sums go out by TMA from two steps' worth of buffers, each
+step's copies overlapping the next step.
 
 Rounding: as the Triton kernel but ``K e^tail``, rounded to the input dtype before its
 product (the forward kernels round their decayed operands the same way), so only 16-bit inputs
@@ -42,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import crossing_sums, mask_rows
+from pallas_kernels.chunk_scan import crossing_sums, mask_rows, spread_through
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
 from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
 from pallas_kernels.two_pass import WALK_BLOCK_V, runs_until, walk_backend
@@ -64,7 +66,7 @@ def smem_bytes(chunk, kp, vp, itemsize, stages=STAGES):
     decay rows; P and dP; two steps of output buffers (dq, dk, dv and the float32 sums)."""
     step = (2 * chunk * kp + 2 * chunk * vp + 2 * kp * vp) * itemsize
     step += len(ROW_INDICES) * 4 * chunk
-    outs = (2 * chunk * kp + chunk * vp) * itemsize + SUMS * 4 * chunk
+    outs = (2 * chunk * kp + chunk * vp) * itemsize + 4 * (SUMS * chunk + kp)
     return stages * step + 2 * chunk * chunk * itemsize + 2 * outs
 
 
@@ -104,11 +106,12 @@ def takes_mosaic(grads, reason, k, v, *, chunk, backend, interpret):
 
 
 def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref,
-            sums_ref, *, chunk, run):
+            sums_ref, inner_ref, *, chunk, run):
     """One (b, h, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k, dq, dk ``[B, L, H, Kp]``; v, do, dv ``[B, L, H, Vp]``; rows ``[3, B, H, L]`` float32
-    (A, e^A, e^tail); h, dh ``[B, H, N * Kp, Vp]``; sums ``[SUMS, B, H, L]`` float32.
+    (A, e^A, e^tail); h, dh ``[B, H, N * Kp, Vp]``; sums ``[SUMS, B, H, L]`` and inner ``[B,
+    H, N * Kp]`` (``rowsum(h * dh)``) float32.
     """
     b, hd, r = (lax.axis_index(a) for a in "bhr")
     kp, vp = q_ref.shape[-1], v_ref.shape[-1]
@@ -122,7 +125,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
         n = first + idx[0]
         slot = lax.rem(idx[0], jnp.asarray(2, idx[0].dtype))
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's copies of step i - 2 read
-        dq_s, dk_s, dv_s, sums_s = (buf.at[slot] for buf in outs)
+        dq_s, dk_s, dv_s, sums_s, inner_s = (buf.at[slot] for buf in outs)
 
         def products(acc_s, acc_g):
             plgpu.wgmma(acc_s, q_s, k_s.transpose((1, 0)))
@@ -162,6 +165,9 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
             plgpu.wgmma(acc_k, dp_s.transpose((1, 0)), q_s)
             plgpu.wgmma(acc_v, p_s.transpose((1, 0)), do_s)
             plgpu.wgmma(acc_v, k_s, dh_s)
+            # while they run: the pairs spanning the chunk (chunk_scan.through_terms)
+            states = [plgpu.load(x, layout=WGMMA).astype(f32) for x in (h_s, dh_s)]
+            inner_s[...] = jnp.sum(states[0] * states[1], axis=1)
             return acc_i[...], acc_k[...], acc_v[...]
 
         inter, dk, dv = pl.run_scoped(dkv_products, plgpu.ACC((chunk, kp), f32),
@@ -177,6 +183,8 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
         for e in range(SUMS):
             plgpu.copy_smem_to_gmem(sums_s.at[e], sums_ref.at[e, b, hd, tokens],
                                     commit_group=False)
+        plgpu.copy_smem_to_gmem(inner_s, inner_ref.at[b, hd, pl.ds(n * kp, kp)],
+                                commit_group=False)
         plgpu.commit_smem_to_gmem_group()
 
     first = r * run
@@ -190,10 +198,9 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
     in_refs += [rows_ref.at[e, b, hd] for e in ROW_INDICES]
     in_refs += [h_ref.at[b, hd], dh_ref.at[b, hd]]
 
-    def walk(p_s, dp_s, dq_buf, dk_buf, dv_buf, sums_buf):
+    def walk(p_s, dp_s, *outs):
         plgpu.emit_pipeline(
-            functools.partial(step, p_s=p_s, dp_s=dp_s,
-                              outs=(dq_buf, dk_buf, dv_buf, sums_buf)),
+            functools.partial(step, p_s=p_s, dp_s=dp_s, outs=outs),
             grid=(run,), in_specs=in_specs, max_concurrent_steps=STAGES)(*in_refs)
         plgpu.wait_smem_to_gmem(0)
 
@@ -202,7 +209,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
                   plgpu.SMEM((2, chunk, kp), dtype, transforms=_TILE16),
                   plgpu.SMEM((2, chunk, kp), dtype, transforms=_TILE16),
                   plgpu.SMEM((2, chunk, vp), dtype, transforms=_TILE16),
-                  plgpu.SMEM((2, SUMS, chunk), f32))
+                  plgpu.SMEM((2, SUMS, chunk), f32), plgpu.SMEM((2, kp), f32))
 
 
 def grads_mosaic(q, k, v, do, g, h, dh, *, chunk, interpret=None):
@@ -216,8 +223,7 @@ def grads_mosaic(q, k, v, do, g, h, dh, *, chunk, interpret=None):
         and the reverse states of ``(q, do)`` leaving it.
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
     Returns:
-      ``(dq, dk, dv, dlog_decay [B, L, H] float32)``: the gradients padded as their inputs,
-      dlog_decay without the pairs spanning a whole chunk (``chunk_scan.through_terms``).
+      ``(dq, dk, dv, dlog_decay [B, L, H] float32)``: the gradients padded as their inputs.
     """
     if (reason := supported(q, v, chunk)) is not None:
         raise ValueError(reason)
@@ -227,14 +233,26 @@ def grads_mosaic(q, k, v, do, g, h, dh, *, chunk, interpret=None):
     runs = runs_until(B * H, N, TARGET_PROGRAMS)
     out_type = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, q.dtype),
                 jax.ShapeDtypeStruct(v.shape, q.dtype),
-                jax.ShapeDtypeStruct((SUMS, B, H, L), jnp.float32))
-    dq, dk, dv, sums = plgpu.kernel(
+                jax.ShapeDtypeStruct((SUMS, B, H, L), jnp.float32),
+                jax.ShapeDtypeStruct((B, H, N * kp), jnp.float32))
+    dq, dk, dv, sums, inner = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, run=N // runs),
         out_type=out_type, grid=(B, H, runs), grid_names=tuple("bhr"), interpret=interpret,
         kernel_name="causal_grads_mosaic",
     )(q, k, v, do, mask_rows(g, chunk), h.reshape(B, H, N * kp, vp),
       dh.reshape(B, H, N * kp, vp))
+    return dq, dk, dv, log_decay_grads(sums, inner, g, chunk)
+
+
+def log_decay_grads(sums, inner, g, chunk):
+    """d log_decay ``[B, L, H]`` from a Mosaic gradients kernel's per-token sums ``[SUMS, B,
+    H, L]`` (``rowsum(X)`` with the queries' state terms, ``colsum(X)``, the keys' state
+    terms) and its row sums of the state pairs spanning each chunk, ``inner [B, H, N * Kp]``;
+    g ``[B, L, H]`` the log-decays."""
+    _, B, H, L = sums.shape
+    N = L // chunk
     sums = sums.reshape(SUMS, B, H, N, chunk)
     in_chunk = jnp.vectorize(crossing_sums, signature="(c),(c)->(c)")(
         sums[2], sums[0] - sums[1])
-    return dq, dk, dv, jnp.swapaxes(in_chunk.reshape(B, H, L), 1, 2)
+    through = spread_through(jnp.sum(inner.reshape(B, H, N, -1), axis=-1), g, chunk)
+    return jnp.swapaxes(in_chunk.reshape(B, H, L), 1, 2) + through

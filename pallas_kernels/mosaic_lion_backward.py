@@ -16,15 +16,17 @@ and those of ``(q, dnum)`` ``dhf``, ``dhb`` (normalised: their z, and the rows `
 ``bidirectional.two_parts``) and d log_decay's terms within the chunk
 (``chunk_scan.crossing_sums``): the sums of the states' terms (``rowsum(Q * ...)``,
 ``rowsum(K * ...)``) by which side of the chunk their partner lies, and ``rowsum(Y) -
-colsum(Y)``, ``Y = G * W * sign(i - j)``. The kernel writes three per-token sums; the
-cumulative sums over each chunk's tokens run in XLA (:func:`lion_grads_mosaic`).
+colsum(Y)``, ``Y = G * W * sign(i - j)``; and the pairs spanning the chunk
+(``chunk_scan.through_terms``) from ``rowsum(hf * dhb + hb * dhf) [+ zf * dzb + zb * dzf]``,
+the state tiles it holds. The kernel writes the three per-token sums and the ``Kp`` row sums;
+the rest runs in XLA (``mosaic_causal_backward.log_decay_grads``).
 
 Layout as ``mosaic_causal_backward.py``: one warpgroup per (b, h, run r) program walks the
 chunks of its run with a TMA pipeline over q, k, v, dy, the four state tiles, the decay rows
 (and r, u, the four z); per chunk ``Q K^T`` and ``dy V^T`` (two wgmmas), the masks and the
 16-bit operands (``W r``, the parts of ``G M``, ``K e^tail`` over the chunk's k tile and ``K
-e^head``) into shared memory, then dq's three products and dk's and dv's six, each group
-issued together. dq, dk, dv and the sums go out by TMA from two steps' worth of buffers.
+e^head``) into shared memory, then dq's three products (the states' row sums while they
+run) and dk's and dv's six, each group issued together. dq, dk, dv and the sums go out by TMA from two steps' worth of buffers.
 Rounding as the Triton kernel but the decayed keys of dv's state terms, rounded to the input
 dtype before their products; 16-bit inputs only. Whole ``[Kp, Vp]`` tiles of four states per
 step: Kp = Vp = 64 fits in shared memory (:func:`supported`).
@@ -38,8 +40,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import crossing_sums, mask_rows
-from pallas_kernels.mosaic_causal_backward import CHUNK, SUMS, TARGET_PROGRAMS
+from pallas_kernels.chunk_scan import mask_rows
+from pallas_kernels.mosaic_causal_backward import CHUNK, SUMS, TARGET_PROGRAMS, log_decay_grads
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
 from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
 from pallas_kernels.two_pass import runs_until
@@ -56,7 +58,7 @@ def smem_bytes(chunk, kp, vp, itemsize, normalize, stages=STAGES):
     step = (2 * chunk * kp + 2 * chunk * vp + 4 * kp * vp) * itemsize
     step += 4 * (len(ROW_INDICES) * chunk + normalize * (2 * chunk + 4 * kp))
     scratch = (chunk * chunk * (2 + normalize) + chunk * kp) * itemsize
-    outs = (2 * chunk * kp + chunk * vp) * itemsize + SUMS * 4 * chunk
+    outs = (2 * chunk * kp + chunk * vp) * itemsize + 4 * (SUMS * chunk + kp)
     return stages * step + scratch + 2 * outs
 
 
@@ -80,13 +82,14 @@ def supported(q, v, chunk, normalize):
 
 
 def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref, dz_ref,
-            dq_ref, dk_ref, dv_ref, sums_ref, *, chunk, run, normalize):
+            dq_ref, dk_ref, dv_ref, sums_ref, inner_ref, *, chunk, run, normalize):
     """One (b, h, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k, dq, dk ``[B, L, H, Kp]``; v, dy, dv ``[B, L, H, Vp]``; rows ``[3, B, H, L]``
     float32 (A, e^head, e^tail); h, dh ``[2, B, H, N * Kp, Vp]`` (before the chunk, after it);
     normalize: ru ``[2, B, H, L]`` float32 (r, u), z, dz ``[2, B, H, N * Kp]`` float32, else
-    None; sums ``[SUMS, B, H, L]`` float32.
+    None; sums ``[SUMS, B, H, L]`` and inner ``[B, H, N * Kp]`` (the states' row sums)
+    float32.
     """
     b, hd, r = (lax.axis_index(a) for a in "bhr")
     kp, vp = q_ref.shape[-1], v_ref.shape[-1]
@@ -100,7 +103,7 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
         n = first + idx[0]
         slot = lax.rem(idx[0], jnp.asarray(2, idx[0].dtype))
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's copies of step i - 2 read
-        dq_s, dk_s, dv_s, sums_s = (buf.at[slot] for buf in outs)
+        dq_s, dk_s, dv_s, sums_s, inner_s = (buf.at[slot] for buf in outs)
         row = lambda ref, shape: rows_of(plgpu.load(ref, layout=ROWS), shape)
         col = lambda ref, shape: cols_of(plgpu.load(ref, layout=COLS), shape)
 
@@ -133,6 +136,14 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
                 plgpu.wgmma(acc_q, gm_s.at[m], k_s)
             plgpu.wgmma(acc_f, dy_s, hf_s.transpose((1, 0)))  # keys before the chunk
             plgpu.wgmma(acc_b, dy_s, hb_s.transpose((1, 0)))  # keys after it
+            # while they run: the pairs spanning the chunk (chunk_scan.through_terms)
+            inner = sum(jnp.sum(plgpu.load(x, layout=WGMMA).astype(f32)
+                                * plgpu.load(y, layout=WGMMA).astype(f32), axis=1)
+                        for x, y in ((hf_s, dhb_s), (hb_s, dhf_s)))
+            if normalize:
+                z = [plgpu.load(x, layout=ROWS) for x in (zf_s, zb_s, dzf_s, dzb_s)]
+                inner = inner + z[0] * z[3] + z[1] * z[2]
+            inner_s[...] = inner
             return acc_q[...], acc_f[...], acc_b[...]
 
         acc = plgpu.ACC((chunk, kp), f32)
@@ -180,6 +191,8 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
         for e in range(SUMS):
             plgpu.copy_smem_to_gmem(sums_s.at[e], sums_ref.at[e, b, hd, tokens],
                                     commit_group=False)
+        plgpu.copy_smem_to_gmem(inner_s, inner_ref.at[b, hd, pl.ds(n * kp, kp)],
+                                commit_group=False)
         plgpu.commit_smem_to_gmem_group()
 
     first = r * run
@@ -197,10 +210,9 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
         in_refs += [ru_ref.at[e, b, hd] for e in (0, 1)]
         in_refs += [x.at[e, b, hd] for x in (z_ref, dz_ref) for e in (0, 1)]
 
-    def walk(p_s, gm_s, ke_s, dq_buf, dk_buf, dv_buf, sums_buf):
+    def walk(p_s, gm_s, ke_s, *outs):
         plgpu.emit_pipeline(
-            functools.partial(step, p_s=p_s, gm_s=gm_s, ke_s=ke_s,
-                              outs=(dq_buf, dk_buf, dv_buf, sums_buf)),
+            functools.partial(step, p_s=p_s, gm_s=gm_s, ke_s=ke_s, outs=outs),
             grid=(run,), in_specs=in_specs, max_concurrent_steps=STAGES)(*in_refs)
         plgpu.wait_smem_to_gmem(0)
 
@@ -210,7 +222,7 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
                   plgpu.SMEM((2, chunk, kp), dtype, transforms=_TILE16),
                   plgpu.SMEM((2, chunk, kp), dtype, transforms=_TILE16),
                   plgpu.SMEM((2, chunk, vp), dtype, transforms=_TILE16),
-                  plgpu.SMEM((2, SUMS, chunk), f32))
+                  plgpu.SMEM((2, SUMS, chunk), f32), plgpu.SMEM((2, kp), f32))
 
 
 def lion_grads_mosaic(q, k, v, dy, g, kv, qd, rows=None, *, chunk, normalize, interpret=None):
@@ -226,8 +238,7 @@ def lion_grads_mosaic(q, k, v, dy, g, kv, qd, rows=None, *, chunk, normalize, in
       rows: normalize only, ``(r, u)`` ``[B, L, H]`` float32 (``lion_backward``).
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
     Returns:
-      ``(dq, dk, dv, dlog_decay [B, L, H] float32)``: the gradients padded as their inputs,
-      dlog_decay without the pairs spanning a whole chunk (``chunk_scan.through_terms``).
+      ``(dq, dk, dv, dlog_decay [B, L, H] float32)``: the gradients padded as their inputs.
     """
     if (reason := supported(q, v, chunk, normalize)) is not None:
         raise ValueError(reason)
@@ -241,13 +252,11 @@ def lion_grads_mosaic(q, k, v, dy, g, kv, qd, rows=None, *, chunk, normalize, in
         norm = [jnp.stack([jnp.swapaxes(x, 1, 2) for x in rows]), states(kv[1]), states(qd[1])]
     out_type = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, q.dtype),
                 jax.ShapeDtypeStruct(v.shape, q.dtype),
-                jax.ShapeDtypeStruct((SUMS, B, H, L), jnp.float32))
-    dq, dk, dv, sums = plgpu.kernel(
+                jax.ShapeDtypeStruct((SUMS, B, H, L), jnp.float32),
+                jax.ShapeDtypeStruct((B, H, N * kp), jnp.float32))
+    dq, dk, dv, sums, inner = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, run=N // runs, normalize=normalize),
         out_type=out_type, grid=(B, H, runs), grid_names=tuple("bhr"), interpret=interpret,
         kernel_name="lion_grads_mosaic",
     )(q, k, v, dy, mask_rows(g, chunk), norm[0], states(kv[0]), states(qd[0]), *norm[1:])
-    sums = sums.reshape(SUMS, B, H, N, chunk)
-    in_chunk = jnp.vectorize(crossing_sums, signature="(c),(c)->(c)")(
-        sums[2], sums[0] - sums[1])
-    return dq, dk, dv, jnp.swapaxes(in_chunk.reshape(B, H, L), 1, 2)
+    return dq, dk, dv, log_decay_grads(sums, inner, g, chunk)
