@@ -72,8 +72,8 @@ def test_report_pairs_ours_with_jla():
 def test_traced_under_switches_the_settings(name):
     """The A/B rows trace their op under their settings of pallas_kernels.linear_attention
     (TF32 scan products and the chunk-parallel backward of the per-feature op; the causal
-    op's forward as two kernels) and leave the defaults in place afterwards, also after an error;
-    the report sets them against jla."""
+    op's forward as two kernels; the Mosaic gradients kernels) and leave the defaults in place
+    afterwards, also after an error; the report sets them against a peer or the default op."""
     from pallas_kernels import linear_attention
     settings = bench_kernels.SETTINGS[name]
     assert name in bench_kernels.jax_cases(quick=False)
@@ -87,7 +87,7 @@ def test_traced_under_switches_the_settings(name):
     with pytest.raises(ZeroDivisionError), bench_kernels.traced_under(settings):
         1 / 0
     assert {key: getattr(linear_attention, key) for key in settings} == defaults
-    peer = next(p for o, p in bench_kernels.RATIOS if o == name and p.startswith("jla"))
+    peer = next(p for o, p in bench_kernels.RATIOS if o == name)
     rows = [dict(op=op, kind="fwd+bwd", L=4096, D=64, ms=ms, mib=None)
             for op, ms in ((name, 2.0), (peer, 1.0))]
     assert (f"| {name} vs {peer} | fwd+bwd | 64 | 0.50 |"
