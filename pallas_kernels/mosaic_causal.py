@@ -73,13 +73,14 @@ def _smem_bytes(chunk, kp, bv, itemsize, stages):
     return max(stages * step + buffers, 4 * kp * bv)
 
 
-def layout_reason(q, v, chunk, kernel, smem):
-    """Why a one-kernel causal forward (``kernel``, its name in the message) does not take
-    these padded inputs, or None: 16-bit, Kp 64 or 128, Vp a multiple of ``BLOCK_V``, chunks
-    of ``CHUNK``, and ``smem`` (bytes, with ``4096`` to spare) within ``SMEM_BYTES``."""
+def layout_reason(q, v, chunk, kernel, smem, instead="the two-pass kernels"):
+    """Why a Mosaic GPU chunk kernel (``kernel``, its name in the message; ``instead``, what
+    takes other inputs) does not take these padded inputs, or None: 16-bit, Kp 64 or 128, Vp
+    a multiple of ``BLOCK_V``, chunks of ``CHUNK``, and ``smem`` (bytes, with ``4096`` to
+    spare) within ``SMEM_BYTES``."""
     if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
         return (f"the {kernel} takes bf16 or fp16 inputs (got {q.dtype}, {v.dtype}); use "
-                f"the two-pass kernels")
+                f"{instead}")
     kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
     if kp % 64 or kp > 128 or vp % BLOCK_V:
         return (f"the {kernel} needs Kp = 64 or 128 and Vp a multiple of {BLOCK_V} (got "

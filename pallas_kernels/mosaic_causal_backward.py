@@ -45,11 +45,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import crossing_sums, mask_rows, spread_through
-from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
+from pallas_kernels.mosaic_causal import layout_reason
+from pallas_kernels.mosaic_states import _TILE16
 from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
 from pallas_kernels.two_pass import WALK_BLOCK_V, runs_until, walk_backend
 
-CHUNK = 64
 # Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
 STAGES = 2
 # Cut the chunks into runs until there are this many programs (two_pass.runs_until).
@@ -73,20 +73,8 @@ def smem_bytes(chunk, kp, vp, itemsize, stages=STAGES):
 def supported(q, v, chunk):
     """None when :func:`grads_mosaic` takes these padded inputs (``two_pass.pad_layout``),
     else why (the Triton kernel takes them)."""
-    if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
-        return (f"the Mosaic causal gradients kernel takes bf16 or fp16 inputs (got {q.dtype},"
-                f" {v.dtype})")
-    kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
-    if kp % 64 or vp % 64:
-        return f"the Mosaic causal gradients kernel needs Kp, Vp multiples of 64 (got {kp}, {vp})"
-    if chunk != CHUNK or L % chunk:
-        return (f"the Mosaic causal gradients kernel takes chunks of {CHUNK} dividing L (got "
-                f"{chunk}, L={L})")
-    need = smem_bytes(chunk, kp, vp, q.dtype.itemsize) + 4096  # + barriers
-    if need > SMEM_BYTES:
-        return (f"the Mosaic causal gradients kernel at Kp = {kp}, Vp = {vp} needs {need} bytes"
-                f" of shared memory (at most {SMEM_BYTES})")
-    return None
+    smem = smem_bytes(chunk, q.shape[-1], v.shape[-1], q.dtype.itemsize)
+    return layout_reason(q, v, chunk, "Mosaic causal gradients kernel", smem, "the Triton kernel")
 
 
 def takes_mosaic(grads, reason, k, v, *, chunk, backend, interpret):
@@ -103,6 +91,32 @@ def takes_mosaic(grads, reason, k, v, *, chunk, backend, interpret):
     walk = walk_backend(k, v, chunk=chunk, bv=min(v.shape[-1], WALK_BLOCK_V), backend=backend,
                         interpret=interpret)
     return reason is None and walk == "mosaic"
+
+
+def chunk_specs(first, chunk, kp, vp, states):
+    """The pipeline's specs from chunk ``first`` on: q, k ``[C, Kp]``, v, dy ``[C, Vp]``, the
+    decay rows (``ROW_INDICES``) and ``states`` state tiles ``[Kp, Vp]``; and a row's spec."""
+    tile = lambda width: plgpu.BlockSpec((chunk, width), lambda i: (first + i, 0),
+                                         transforms=_TILE16)
+    row = plgpu.BlockSpec((chunk,), lambda i: (first + i,))
+    state = plgpu.BlockSpec((kp, vp), lambda i: (first + i, 0), transforms=_TILE16)
+    return [tile(kp)] * 2 + [tile(vp)] * 2 + [row] * len(ROW_INDICES) + [state] * states, row
+
+
+def store_outputs(bufs, refs, b, hd, n, chunk):
+    """Chunk n's dq, dk, dv ``[C, Kp|Vp]``, sums ``[SUMS, C]`` and inner ``[Kp]`` from the
+    shared-memory ``bufs`` to the kernel's output ``refs`` by TMA, one bulk group."""
+    plgpu.commit_smem()
+    tokens = pl.ds(n * chunk, chunk)
+    *grads, sums_s, inner_s = bufs
+    *grad_refs, sums_ref, inner_ref = refs
+    for src, dst in zip(grads, grad_refs):
+        plgpu.copy_smem_to_gmem(src, dst.at[b, tokens, hd, :], commit_group=False)
+    for e in range(SUMS):
+        plgpu.copy_smem_to_gmem(sums_s.at[e], sums_ref.at[e, b, hd, tokens], commit_group=False)
+    kp = inner_s.shape[0]
+    plgpu.copy_smem_to_gmem(inner_s, inner_ref.at[b, hd, pl.ds(n * kp, kp)], commit_group=False)
+    plgpu.commit_smem_to_gmem_group()
 
 
 def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref,
@@ -176,24 +190,11 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
         sums_s[2] = jnp.sum(k * inter, axis=1)
         dk_s[...] = (dk + inter).astype(dtype)
         dv_s[...] = dv.astype(dtype)
-        plgpu.commit_smem()
-        tokens = pl.ds(n * chunk, chunk)
-        for src, dst in ((dq_s, dq_ref), (dk_s, dk_ref), (dv_s, dv_ref)):
-            plgpu.copy_smem_to_gmem(src, dst.at[b, tokens, hd, :], commit_group=False)
-        for e in range(SUMS):
-            plgpu.copy_smem_to_gmem(sums_s.at[e], sums_ref.at[e, b, hd, tokens],
-                                    commit_group=False)
-        plgpu.copy_smem_to_gmem(inner_s, inner_ref.at[b, hd, pl.ds(n * kp, kp)],
-                                commit_group=False)
-        plgpu.commit_smem_to_gmem_group()
+        store_outputs((dq_s, dk_s, dv_s, sums_s, inner_s),
+                      (dq_ref, dk_ref, dv_ref, sums_ref, inner_ref), b, hd, n, chunk)
 
     first = r * run
-    tile_spec = lambda width: plgpu.BlockSpec((chunk, width), lambda i: (first + i, 0),
-                                              transforms=_TILE16)
-    row_spec = plgpu.BlockSpec((chunk,), lambda i: (first + i,))
-    state_spec = plgpu.BlockSpec((kp, vp), lambda i: (first + i, 0), transforms=_TILE16)
-    in_specs = ([tile_spec(kp)] * 2 + [tile_spec(vp)] * 2 + [row_spec] * len(ROW_INDICES)
-                + [state_spec] * 2)
+    in_specs, row_spec = chunk_specs(first, chunk, kp, vp, states=2)
     in_refs = [x.at[b, :, hd, :] for x in (q_ref, k_ref, v_ref, do_ref)]
     in_refs += [rows_ref.at[e, b, hd] for e in ROW_INDICES]
     in_refs += [h_ref.at[b, hd], dh_ref.at[b, hd]]

@@ -26,7 +26,8 @@ chunks of its run with a TMA pipeline over q, k, v, dy, the four state tiles, th
 (and r, u, the four z); per chunk ``Q K^T`` and ``dy V^T`` (two wgmmas), the masks and the
 16-bit operands (``W r``, the parts of ``G M``, ``K e^tail`` over the chunk's k tile and ``K
 e^head``) into shared memory, then dq's three products (the states' row sums while they
-run) and dk's and dv's six, each group issued together. dq, dk, dv and the sums go out by TMA from two steps' worth of buffers.
+run) and dk's and dv's six, each group issued together. dq, dk, dv and the sums go out by
+TMA from two steps' worth of buffers.
 Rounding as the Triton kernel but the decayed keys of dv's state terms, rounded to the input
 dtype before their products; 16-bit inputs only. Whole ``[Kp, Vp]`` tiles of four states per
 step: Kp = Vp = 64 fits in shared memory (:func:`supported`).
@@ -41,14 +42,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import mask_rows
-from pallas_kernels.mosaic_causal_backward import CHUNK, SUMS, TARGET_PROGRAMS, log_decay_grads
-from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
+from pallas_kernels.mosaic_causal_backward import (ROW_INDICES, SUMS, TARGET_PROGRAMS, chunk_specs,
+                                                   log_decay_grads, store_outputs)
+from pallas_kernels.mosaic_causal import layout_reason
+from pallas_kernels.mosaic_states import _TILE16
 from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
 from pallas_kernels.two_pass import runs_until
 
 STAGES = 2
-# Decay rows per step: A, e^head, e^tail (mask_rows), and A again for the columns' layout.
-ROW_INDICES = (0, 1, 2, 0)
 
 
 def smem_bytes(chunk, kp, vp, itemsize, normalize, stages=STAGES):
@@ -65,20 +66,8 @@ def smem_bytes(chunk, kp, vp, itemsize, normalize, stages=STAGES):
 def supported(q, v, chunk, normalize):
     """None when :func:`lion_grads_mosaic` takes these padded inputs, else why (the Triton
     kernel takes them)."""
-    if q.dtype not in (jnp.bfloat16, jnp.float16) or v.dtype != q.dtype:
-        return (f"the Mosaic LION gradients kernel takes bf16 or fp16 inputs (got {q.dtype}, "
-                f"{v.dtype})")
-    kp, vp, L = q.shape[-1], v.shape[-1], q.shape[1]
-    if kp % 64 or vp % 64:
-        return f"the Mosaic LION gradients kernel needs Kp, Vp multiples of 64 (got {kp}, {vp})"
-    if chunk != CHUNK or L % chunk:
-        return (f"the Mosaic LION gradients kernel takes chunks of {CHUNK} dividing L (got "
-                f"{chunk}, L={L})")
-    need = smem_bytes(chunk, kp, vp, q.dtype.itemsize, normalize) + 4096  # + barriers
-    if need > SMEM_BYTES:
-        return (f"the Mosaic LION gradients kernel at Kp = {kp}, Vp = {vp} needs {need} bytes "
-                f"of shared memory (at most {SMEM_BYTES})")
-    return None
+    smem = smem_bytes(chunk, q.shape[-1], v.shape[-1], q.dtype.itemsize, normalize)
+    return layout_reason(q, v, chunk, "Mosaic LION gradients kernel", smem, "the Triton kernel")
 
 
 def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref, dz_ref,
@@ -184,24 +173,11 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
         sums_s[2] = before + jnp.sum(k * later, axis=1)
         dk_s[...] = (dk + later + earlier).astype(dtype)
         dv_s[...] = dv.astype(dtype)
-        plgpu.commit_smem()
-        tokens = pl.ds(n * chunk, chunk)
-        for src, dst in ((dq_s, dq_ref), (dk_s, dk_ref), (dv_s, dv_ref)):
-            plgpu.copy_smem_to_gmem(src, dst.at[b, tokens, hd, :], commit_group=False)
-        for e in range(SUMS):
-            plgpu.copy_smem_to_gmem(sums_s.at[e], sums_ref.at[e, b, hd, tokens],
-                                    commit_group=False)
-        plgpu.copy_smem_to_gmem(inner_s, inner_ref.at[b, hd, pl.ds(n * kp, kp)],
-                                commit_group=False)
-        plgpu.commit_smem_to_gmem_group()
+        store_outputs((dq_s, dk_s, dv_s, sums_s, inner_s),
+                      (dq_ref, dk_ref, dv_ref, sums_ref, inner_ref), b, hd, n, chunk)
 
     first = r * run
-    tile_spec = lambda width: plgpu.BlockSpec((chunk, width), lambda i: (first + i, 0),
-                                              transforms=_TILE16)
-    row_spec = plgpu.BlockSpec((chunk,), lambda i: (first + i,))
-    state_spec = plgpu.BlockSpec((kp, vp), lambda i: (first + i, 0), transforms=_TILE16)
-    in_specs = ([tile_spec(kp)] * 2 + [tile_spec(vp)] * 2 + [row_spec] * len(ROW_INDICES)
-                + [state_spec] * 4)
+    in_specs, row_spec = chunk_specs(first, chunk, kp, vp, states=4)
     in_refs = [x.at[b, :, hd, :] for x in (q_ref, k_ref, v_ref, dy_ref)]
     in_refs += [rows_ref.at[e, b, hd] for e in ROW_INDICES]
     in_refs += [x.at[e, b, hd] for x in (h_ref, dh_ref) for e in (0, 1)]
@@ -243,7 +219,6 @@ def lion_grads_mosaic(q, k, v, dy, g, kv, qd, rows=None, *, chunk, normalize, in
     if (reason := supported(q, v, chunk, normalize)) is not None:
         raise ValueError(reason)
     B, L, H, kp = q.shape
-    vp = v.shape[-1]
     N = L // chunk
     runs = runs_until(B * H, N, TARGET_PROGRAMS)
     states = lambda x: x.reshape(2, B, H, N * kp, *x.shape[5:])
