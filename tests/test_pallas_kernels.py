@@ -349,20 +349,28 @@ def check_bf16_against_float64(fn, reference, args, dy):
     return got, got_grads, names
 
 
-MOSAIC_CASES = [  # op, L, K, V, decay, with s0 / normalize ("centre": with centre_values)
-    ("causal", 200, 64, 64, "strong", True),
-    ("causal", 130, 96, 80, "mild", False),
-    ("bidirectional", 200, 64, 64, "strong", True),
-    ("bidirectional", 150, 80, 96, "mild", False),
-    ("bidirectional", 140, 96, 128, "mild", "centre"),  # Kp = Vp = 128, two V-blocks of 64
+MOSAIC_CASES = [  # op, L, K, V, decay, with s0 / normalize ("centre": with centre_values),
+    # the gradients kernels (GRADS_KERNEL; "auto": Mosaic GPU where Kp = Vp = 64)
+    ("causal", 200, 64, 64, "strong", True, "triton"),
+    ("causal", 200, 64, 64, "strong", True, "auto"),
+    ("causal", 130, 96, 80, "mild", False, "triton"),
+    ("bidirectional", 200, 64, 64, "strong", True, "triton"),
+    ("bidirectional", 200, 64, 64, "strong", True, "auto"),
+    ("bidirectional", 150, 40, 48, "mild", False, "auto"),
+    ("bidirectional", 150, 80, 96, "mild", False, "triton"),
+    ("bidirectional", 140, 96, 128, "mild", "centre", "triton"),  # Kp = Vp = 128, 2 V-blocks
 ]
 
 
-@pytest.mark.parametrize("op,L,K,V,decay,flag", MOSAIC_CASES)
-def test_mosaic_backend(rng, op, L, K, V, decay, flag):
-    """backend="mosaic" (the states walks and LION's output kernel as Mosaic GPU kernels; on
-    CPU in the Mosaic GPU interpreter) against float64, forward and gradients, bf16 with chunk
-    64; and against backend="triton" on the same inputs."""
+@pytest.mark.parametrize("op,L,K,V,decay,flag,grads", MOSAIC_CASES)
+def test_mosaic_backend(rng, monkeypatch, op, L, K, V, decay, flag, grads):
+    """backend="mosaic" (the states walks, LION's output kernel and with grads "auto" the
+    gradients kernels as Mosaic GPU kernels; on CPU in the Mosaic GPU interpreter) against
+    float64, forward and gradients, bf16 with chunk 64; and against backend="triton" on the
+    same inputs."""
+    from pallas_kernels import linear_attention
+    monkeypatch.setattr(linear_attention, "GRADS_KERNEL", grads)
+    jax.clear_caches()  # read when the op is traced
     B, H = 1, 2
     bidirectional = op == "bidirectional"
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay, positive=bidirectional)
