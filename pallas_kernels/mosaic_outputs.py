@@ -16,12 +16,14 @@ float32 inputs need: this kernel takes 16-bit inputs only.
 
 Kernel layout: one program per (b, h, V-block j, run r) walks the chunks of its run with a TMA
 pipeline (``plgpu.emit_pipeline``, 2 steps in flight) over q, k ``[C, Kp]``, v ``[C, BV]``, the
-rows of A and the two query factors, hf[n], hb[n] ``[Kp, BV]`` and (normalize) zf[n], zb[n]
-``[Kp]``; one warpgroup per program. Per chunk: one wgmma for ``Q K^T`` (K read transposed
-from shared memory), the mask and the decayed queries in registers, then one accumulator takes
-``W V`` (W in two 16-bit parts when normalised, as the Triton kernel: y to ~16 bits), ``Qf hf``
-and ``Qb hb``, their 16-bit A operands written to shared memory over tiles the step is done
-with; the denominator's row sums are computed while those wgmmas run. y (and its low part) and
+rows of A (twice: on the rows and, read in the columns' layout, on the columns of the mask)
+and the two query factors, hf[n], hb[n] ``[Kp, BV]`` and (normalize) zf[n], zb[n] ``[Kp]``;
+one warpgroup per program. Per chunk: one wgmma for ``Q K^T`` (K read transposed from shared
+memory), the mask and the decayed queries in registers, then one accumulator takes ``W V`` (W
+in two 16-bit parts when normalised, as the Triton kernel: y to ~16 bits), ``Qf hf`` and ``Qb
+hb``, their 16-bit left operands from registers (in the interpreter, which takes them from
+shared memory only, written over tiles the step is done with); the denominator's row sums
+are computed while those wgmmas run. y (and its low part) and
 den go out by TMA from two steps' worth of output buffers, each step's copies overlapping the
 next step.
 
@@ -39,7 +41,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import mask_rows
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
-from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, row_and_column_tiles, rows_of
+from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
 from pallas_kernels.two_pass import runs_until
 
 # V columns per program: [Kp, BV] tiles of both states for 2 pipeline steps fit in shared
@@ -52,11 +54,12 @@ TARGET_PROGRAMS = 256
 
 
 def _smem_bytes(chunk, kp, bv, itemsize, normalize):
-    """Shared memory of the pipeline's ``STAGES`` steps of inputs (16-bit tiles, float32 rows
-    and z) and the two steps of output buffers (y and, normalised, y's low part and den)."""
-    step = (2 * chunk * kp + chunk * bv + 2 * kp * bv) * itemsize + 4 * (3 * chunk + 2 * kp)
+    """Shared memory of the pipeline's ``STAGES`` steps of inputs (16-bit tiles, four float32
+    rows and z) and the two steps of output buffers (y and, normalised, y's low part and
+    den)."""
+    step = (2 * chunk * kp + chunk * bv + 2 * kp * bv) * itemsize + 4 * (4 * chunk + 2 * kp)
     out = (1 + normalize) * chunk * bv * itemsize + 4 * chunk
-    return STAGES * step + 2 * out + 4 * chunk * chunk  # + the mask's transposed tile
+    return STAGES * step + 2 * out
 
 
 def supported(q, v, chunk, normalize=True, out_dtype=None):
@@ -81,13 +84,15 @@ def supported(q, v, chunk, normalize=True, out_dtype=None):
 
 
 def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk, run, bv,
-            normalize, eps, low_part):
+            normalize, eps, low_part, registers):
     """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; rows ``[3, B, H, L]`` float32 (A, e^head,
     e^tail); h ``[2, B, H, N * Kp, Vp]`` (forward, reverse; input dtype); z
     ``[2, B, H, N * Kp]`` float32 or None; m ``[B, H, Vp]`` float32 or None; outputs y (and
-    its low part) ``[B, L, H, Vp]``, den ``[J, B, H, L]`` float32 (normalize).
+    its low part) ``[B, L, H, Vp]``, den ``[J, B, H, L]`` float32 (normalize). ``registers``:
+    the wgmmas' 16-bit left operands (the weights and decayed queries) from registers, else
+    through shared memory.
     """
     out_refs = list(out_refs)
     y_ref = out_refs.pop(0)
@@ -99,8 +104,8 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
     dtype = q_ref.dtype
     f32 = jnp.float32
 
-    def step(idx, q_s, k_s, v_s, a_s, eh_s, et_s, hf_s, hb_s, *rest, y_buf, lo_buf, den_buf,
-             t_buf):
+    def step(idx, q_s, k_s, v_s, a_s, eh_s, et_s, a_cols_s, hf_s, hb_s, *rest, y_buf, lo_buf,
+             den_buf):
         rest = list(rest)
         zf_s, zb_s = (rest.pop(0), rest.pop(0)) if normalize else (None, None)
         m_s = rest.pop(0) if m_ref is not None else None
@@ -115,30 +120,32 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
             return acc[...]
 
         s = pl.run_scoped(scores, plgpu.ACC((chunk, chunk), f32))
-        a_i, a_j = row_and_column_tiles(a_s, t_buf, s.shape)  # A_i on row i, A_j on column j
+        a_i = rows_of(plgpu.load(a_s, layout=ROWS), s.shape)  # A_i on row i
+        a_j = cols_of(plgpu.load(a_cols_s, layout=COLS), s.shape)  # A_j on column j
         w = s * jnp.exp(-jnp.abs(a_i - a_j))
         q = plgpu.load(q_s, layout=WGMMA).astype(f32)
         qf = (q * rows_of(plgpu.load(eh_s, layout=ROWS), q.shape)).astype(dtype)
         qb = (q * rows_of(plgpu.load(et_s, layout=ROWS), q.shape)).astype(dtype)
-        # The wgmmas' 16-bit A operands go to shared memory over tiles this step is done with
-        # (q, k after Q K^T; the output buffers, [C, BV] = [C, C], before y): no more shared
-        # memory, and the Mosaic GPU interpreter takes A from shared memory only.
-        q_s[...] = qf
-        k_s[...] = qb
         if normalize:  # the weights in two 16-bit parts (bidirectional.two_parts)
             w_hi = w.astype(dtype)
-            parts = [(y_s, w_hi), (lo_s, (w - w_hi.astype(f32)).astype(dtype))]
+            parts = [w_hi, (w - w_hi.astype(f32)).astype(dtype)]
         else:
-            parts = [(y_s, w.astype(dtype))]
-        for part_s, part in parts:
-            part_s[...] = part
-        plgpu.commit_smem()  # visible to the wgmmas
+            parts = [w.astype(dtype)]
+        operands = parts + [qf, qb]
+        if not registers:  # shared memory over tiles this step is done with: the output
+            # buffers ([C, BV] = [C, C]) before y, q and k after Q K^T
+            tiles = [y_s, lo_s][:len(parts)] + [q_s, k_s]
+            for tile_s, x in zip(tiles, operands):
+                tile_s[...] = x
+            plgpu.commit_smem()  # visible to the wgmmas
+            operands = tiles
 
         def numerator(acc):
-            for part_s, _ in parts:
-                plgpu.wgmma(acc, part_s, v_s)
-            plgpu.wgmma(acc, q_s, hf_s)
-            plgpu.wgmma(acc, k_s, hb_s)
+            *weights, qf_op, qb_op = operands
+            for w_op in weights:
+                plgpu.wgmma(acc, w_op, v_s)
+            plgpu.wgmma(acc, qf_op, hf_s)
+            plgpu.wgmma(acc, qb_op, hb_s)
             den = None
             if normalize:  # while the wgmmas run: the weights as the numerator sees them
                 zf = cols_of(plgpu.load(zf_s, layout=COLS), q.shape)
@@ -179,9 +186,9 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
                                          transforms=_TILE16)
     row = plgpu.BlockSpec((chunk,), lambda i: (first + i,))
     state = plgpu.BlockSpec((kp, bv), lambda i: (first + i, 0), transforms=_TILE16)
-    in_specs = [tile(kp), tile(kp), tile(bv), row, row, row, state, state]
+    in_specs = [tile(kp), tile(kp), tile(bv), row, row, row, row, state, state]
     in_refs = [q_ref.at[b, :, hd, :], k_ref.at[b, :, hd, :], v_ref.at[b, :, hd, cols]]
-    in_refs += [rows_ref.at[x, b, hd] for x in range(3)]
+    in_refs += [rows_ref.at[x, b, hd] for x in (0, 1, 2, 0)]  # A again: read as columns
     in_refs += [h_ref.at[e, b, hd, :, cols] for e in (0, 1)]
     if normalize:
         in_specs += [plgpu.BlockSpec((kp,), lambda i: (first + i,))] * 2
@@ -190,15 +197,15 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
         in_specs.append(plgpu.BlockSpec((bv,), lambda i: (0,)))
         in_refs.append(m_ref.at[b, hd, cols])
 
-    def walk(y_buf, t_buf, lo_buf=None, den_buf=None):
+    def walk(y_buf, lo_buf=None, den_buf=None):
         plgpu.emit_pipeline(
-            functools.partial(step, y_buf=y_buf, lo_buf=lo_buf, den_buf=den_buf, t_buf=t_buf),
+            functools.partial(step, y_buf=y_buf, lo_buf=lo_buf, den_buf=den_buf),
             grid=(run,), in_specs=in_specs, max_concurrent_steps=STAGES)(*in_refs)
         plgpu.wait_smem_to_gmem(0)
 
     # the outputs' buffers, two steps' worth (each step's copies out overlap the next step)
     buf = plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16)
-    scratch = dict(y_buf=buf, t_buf=plgpu.SMEM((chunk, chunk), jnp.float32))
+    scratch = dict(y_buf=buf)
     if normalize:  # lo_buf: the weights' low part, then (low_part) y's
         scratch["lo_buf"] = buf
         scratch["den_buf"] = plgpu.SMEM((2, chunk), jnp.float32)
@@ -206,7 +213,7 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
 
 
 def bidirectional_outputs_mosaic(q, k, v, g, h, z=None, offset=None, *, chunk, normalize,
-                                 eps, low_part, out_dtype, interpret=None):
+                                 eps, low_part, out_dtype, interpret=None, registers=None):
     """The output pass of ``bidirectional.bidirectional_scan`` on Mosaic GPU.
 
     Args:
@@ -217,6 +224,8 @@ def bidirectional_outputs_mosaic(q, k, v, g, h, z=None, offset=None, *, chunk, n
       offset: None or ``[B, H, Vp]`` float32 m of centred values (``bidirectional_scan``).
       normalize, eps, low_part, out_dtype: as ``bidirectional_scan`` (16-bit ``out_dtype``).
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
+      registers: the wgmmas' 16-bit left operands from registers (None: when compiled; the
+        interpreter takes them from shared memory only, jax 0.11.2).
     Returns:
       ``y [B, L, H, Vp]``, then its low part if low_part, then ``den [B, L, H]`` float32 if
       normalize.
@@ -225,6 +234,8 @@ def bidirectional_outputs_mosaic(q, k, v, g, h, z=None, offset=None, *, chunk, n
         raise ValueError(reason)
     if low_part and not normalize:
         raise ValueError("low_part needs normalize")
+    if registers is None:
+        registers = interpret is None
     B, L, H, kp = q.shape
     vp = v.shape[-1]
     N, nvb = L // chunk, vp // BLOCK_V
@@ -237,7 +248,7 @@ def bidirectional_outputs_mosaic(q, k, v, g, h, z=None, offset=None, *, chunk, n
         z = z.reshape(2, B, H, N * kp)
     kernel = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, run=N // runs, bv=BLOCK_V, normalize=normalize,
-                          eps=eps, low_part=low_part),
+                          eps=eps, low_part=low_part, registers=registers),
         out_type=tuple(out_type), grid=(B, H, nvb, runs), grid_names=tuple("bhjr"),
         interpret=interpret,
     )
