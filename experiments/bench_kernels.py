@@ -21,9 +21,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             backward), and those scans' products as one TF32 pass instead of three bf16 ones
             (pallas_causal_per_feature_tf32), and its forward as one Mosaic GPU kernel
             (pallas_causal_per_feature_fused, ``PER_FEATURE_FORWARD = "fused"``); the
-            causal op and LION with the Mosaic GPU gradients kernels in place of the Triton
-            ones (pallas_causal_mosaic_grads, pallas_lion_mosaic_grads, ``GRADS_KERNEL =
-            "auto"``): the A/Bs of :func:`traced_under`
+            causal op and LION with the Triton gradients kernels in place of the Mosaic GPU
+            ones (pallas_causal_triton_grads, pallas_lion_triton_grads, ``GRADS_KERNEL =
+            "triton"``): the A/Bs of :func:`traced_under`
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
@@ -145,8 +145,8 @@ SETTINGS = {
     "pallas_causal_per_feature_scans": {"PER_FEATURE_BACKWARD": "scans"},
     "pallas_causal_per_feature_fused": {"PER_FEATURE_FORWARD": "fused"},
     "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"},
-    "pallas_causal_mosaic_grads": {"GRADS_KERNEL": "auto"},
-    "pallas_lion_mosaic_grads": {"GRADS_KERNEL": "auto"}}
+    "pallas_causal_triton_grads": {"GRADS_KERNEL": "triton"},
+    "pallas_lion_triton_grads": {"GRADS_KERNEL": "triton"}}
 
 
 def jax_cases(quick):
@@ -169,8 +169,8 @@ def jax_cases(quick):
     cases.update({name: causal_per_feature for name in SETTINGS  # traced under their settings
                   if name.startswith("pallas_causal_per_feature")})
     cases["pallas_causal_two_kernels"] = cases["pallas_causal_2pass"]  # under its setting
-    cases["pallas_causal_mosaic_grads"] = cases["pallas_causal_2pass"]
-    cases["pallas_lion_mosaic_grads"] = cases["pallas_lion_2pass"]
+    cases["pallas_causal_triton_grads"] = cases["pallas_causal_2pass"]
+    cases["pallas_lion_triton_grads"] = cases["pallas_lion_2pass"]
     cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),
@@ -464,9 +464,9 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_causal_2pass", "jla_simple_gla"), ("pallas_causal_seq", "jla_simple_gla"),
     ("pallas_causal_two_kernels", "jla_simple_gla"),
     ("pallas_causal_2pass", "pallas_causal_two_kernels"),
-    ("pallas_causal_mosaic_grads", "jla_simple_gla"),
-    ("pallas_causal_mosaic_grads", "pallas_causal_2pass"),
-    ("pallas_lion_mosaic_grads", "pallas_lion_2pass"),
+    ("pallas_causal_triton_grads", "jla_simple_gla"),
+    ("pallas_causal_2pass", "pallas_causal_triton_grads"),
+    ("pallas_lion_2pass", "pallas_lion_triton_grads"),
     ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
     ("pallas_causal_per_feature_scans", "jla_gla"), ("pallas_causal_per_feature_fused", "jla_gla"),
     ("pallas_causal_per_feature_fused", "pallas_causal_per_feature"),
@@ -474,7 +474,7 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_lion_plain", "cudnn_full")]
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op
 COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}")
-         for a in ("2pass", "seq", "2pass_triton", "mosaic_grads")]
+         for a in ("2pass", "seq", "2pass_triton", "triton_grads")]
 
 
 def markdown(rows, header):

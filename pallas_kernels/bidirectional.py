@@ -364,7 +364,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, *refs, normalize, precisio
                                              "backend", "grads"))
 def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None, den=None,
                   offset=None, normalize, eps=1e-6, chunk=64, interpret=False, num_warps=None,
-                  num_stages=2, splits=None, one_kernel=None, backend=None, grads="triton"):
+                  num_stages=2, splits=None, one_kernel=None, backend=None, grads="auto"):
     """Gradients of LION attention in one pass over the chunks (head dims <= 128).
 
     With the weights ``w_ij = s_ij M_ij`` (``s_ij = q_i . k_j``) and their cotangents
@@ -406,8 +406,7 @@ def lion_backward(q, k, v, log_decay, dy, kv_states=None, *, y=None, y_low=None,
       grads: the gradients kernel: "auto" (the Mosaic GPU kernel of
         ``mosaic_lion_backward.py`` where the walks run on Mosaic GPU and it takes the
         inputs, else Triton), "mosaic" (a ValueError with the reason where it cannot) or
-        "triton" (``one_kernel`` picks the Triton kernels; the default until the Mosaic
-        kernel is timed on a GPU, as ``linear_attention.GRADS_KERNEL``).
+        "triton" (``one_kernel`` picks the Triton kernels).
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32)``.
     """

@@ -99,7 +99,7 @@ def supported(k_dim, v_dim, dtype):
                                              "splits", "backend", "grads"))
 def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
                     chunk=64, interpret=False, num_warps=None, num_stages=2, splits=None,
-                    backend=None, grads="triton"):
+                    backend=None, grads="auto"):
     """Gradients of the causal scan (see the module docstring).
 
     Args:
@@ -116,8 +116,7 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
       grads: the gradients kernel: "auto" (the Mosaic GPU kernel of
         ``mosaic_causal_backward.py`` where the walks run on Mosaic GPU and it takes the
         inputs, else Triton), "mosaic" (a ValueError with the reason where it cannot) or
-        "triton" (the default until the Mosaic kernel is timed on a GPU;
-        ``linear_attention.GRADS_KERNEL``).
+        "triton".
     Returns:
       ``(dq, dk, dv, dlog_decay [B, L, H] float32, dS0 [B, H, K, V] float32 or None)``;
       dq, dk, dv in the input dtype.

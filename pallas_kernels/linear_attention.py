@@ -97,13 +97,15 @@ PER_FEATURE_BACKWARD = "chunks"
 # default, and pallas_causal_two_kernels).
 CAUSAL_FORWARD = "auto"
 # The fused backwards' gradients kernel (per-token decay: causal_backward.py's and
-# bidirectional.lion_backward's ``grads``): "triton", or "auto" (the Mosaic GPU kernels,
+# bidirectional.lion_backward's ``grads``): "auto" (the Mosaic GPU kernels,
 # mosaic_causal_backward.py and mosaic_lion_backward.py, where the states walks run on Mosaic
-# GPU and they take the inputs: 16-bit, Kp = Vp = 64). "triton" until the Mosaic kernels are
-# timed on a GPU (tested in the Mosaic GPU interpreter against the Triton kernel): `python -m
-# experiments.bench_kernels` times both (pallas_causal_2pass and pallas_lion_2pass against
-# pallas_causal_mosaic_grads and pallas_lion_mosaic_grads). Read when the op is traced.
-GRADS_KERNEL = "triton"
+# GPU and they take the inputs: 16-bit, Kp = Vp = 64; else Triton) or "triton". On one H200
+# (2026-12-07, B 4, H 16, L 16K, D 64, bf16) "auto" took the causal op's forward + backward
+# from 1.279 to 1.040 ms and LION's (normalised) from 2.078 to 1.818 (docs/benchmarks.md).
+# Read when the op is traced; `python -m experiments.bench_kernels` times both
+# (pallas_causal_2pass and pallas_lion_2pass, the defaults, against
+# pallas_causal_triton_grads and pallas_lion_triton_grads).
+GRADS_KERNEL = "auto"
 # The causal forward of per-feature decay: "three_passes" (per_feature.chunk_scan_per_feature:
 # chunk states, their walk, the outputs) or "fused" (chunk_scan_per_feature(fused=True): one
 # Mosaic GPU kernel, mosaic_causal.py, where every chunk is mild, bf16 on Hopper or in the
