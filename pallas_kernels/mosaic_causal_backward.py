@@ -34,6 +34,9 @@ Rounding: as the Triton kernel but ``K e^tail``, rounded to the input dtype befo
 product (the forward kernels round their decayed operands the same way), so only 16-bit inputs
 are taken. Whole ``[Kp, Vp]`` state tiles per step: Kp = Vp = 64 fits in shared memory with
 two steps in flight; larger head dims take the Triton kernel (:func:`supported`).
+
+On one H200 (2026-12-07, B 4, H 16, L 16K, D 64, bf16; docs/benchmarks.md) the causal op's
+forward + backward took 1.040 ms with this kernel against 1.279 with the Triton one.
 """
 
 import functools

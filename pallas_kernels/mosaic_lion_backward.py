@@ -31,6 +31,9 @@ TMA from two steps' worth of buffers.
 Rounding as the Triton kernel but the decayed keys of dv's state terms, rounded to the input
 dtype before their products; 16-bit inputs only. Whole ``[Kp, Vp]`` tiles of four states per
 step: Kp = Vp = 64 fits in shared memory (:func:`supported`).
+
+On one H200 (2026-12-07, B 4, H 16, L 16K, D 64, bf16; docs/benchmarks.md) normalised LION's
+forward + backward took 1.818 ms with this kernel against 2.078 with the Triton one.
 """
 
 import functools
