@@ -11,7 +11,8 @@ forward + backward (output kept live), times it as ``bench_kernels`` does, then 
 ``--reps`` times under ``torch.profiler``, whose CUPTI tracing records every CUDA kernel of the
 process, JAX's included, and prints each kernel's time per call, largest first: the Pallas
 kernels by name (``chunk_outputs``, ``causal_backward``, ``bidirectional_outputs``,
-``lion_backward_*``, ``chunk_outputs_per_feature``; the Mosaic GPU states walks as
+``lion_backward_*``, ``chunk_outputs_per_feature``, the Mosaic GPU gradients kernels
+``causal_grads_mosaic`` and ``lion_grads_mosaic``; the Mosaic GPU states walks as
 ``anonymous_mosaic_gpu_kernel``) and XLA's fusions by theirs. Needs a GPU and torch.
 
 ``--settings`` instead times the Triton output and gradients kernels of both ops under each
@@ -97,13 +98,14 @@ def launch_settings(q, k, v, dy, g, ops, reps):
                          f"num_warps={w} num_stages={st}",
                          lambda q, k, v, g, dy, w=w, st=st, one=one: lion_backward(
                              q, k, v, g, dy, lion_states, y=y, y_low=low, den=den,
-                             normalize=True, one_kernel=one, num_warps=w, num_stages=st),
+                             normalize=True, one_kernel=one, num_warps=w, num_stages=st,
+                             grads="triton"),
                          ["lion_backward_all"] if one else ["lion_backward_dq",
                                                             "lion_backward_dkv"]))
         runs.append(("causal", f"backward, num_warps={w} num_stages={st}",
                      lambda q, k, v, g, dy, w=w, st=st: causal_backward(
                          q, k, v, g, None, dy, zero, causal_states, num_warps=w,
-                         num_stages=st), ["causal_backward"]))
+                         num_stages=st, grads="triton"), ["causal_backward"]))
     for bv, w, st in itertools.product((64, 128), (4, 8), (1, 2, 3)):
         label = f"output, block_v={bv} num_warps={w} num_stages={st}"
         runs.append(("lion", label, lambda q, k, v, g, dy, bv=bv, w=w, st=st:
