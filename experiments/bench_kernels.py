@@ -409,16 +409,22 @@ def sweep(B, L, H, dims, reps, rng):
         "LION backward, recomputed": lambda q, k, v, dy, g, s, den, *_: lion_backward(
             q, k, v, g, dy, y=v, y_low=v, den=den, normalize=True),
     }
+    stages["causal backward, states kept, Mosaic gradients kernel where it applies"] = (
+        lambda q, k, v, dy, g, s, den, h, hl: causal_backward(q, k, v, g, None, dy, s, h))
+    stages["LION backward, states kept, Mosaic gradients kernel where it applies"] = (
+        lambda q, k, v, dy, g, s, den, h, hl: lion_backward(
+            q, k, v, g, dy, hl, y=v, y_low=v, den=den, normalize=True))
     for warps in (4, 8):
-        stages[f"causal backward, states kept, {warps} warps"] = (
+        stages[f"causal backward, states kept, Triton, {warps} warps"] = (
             lambda q, k, v, dy, g, s, den, h, hl, w=warps: causal_backward(
-                q, k, v, g, None, dy, s, h, num_warps=w))
+                q, k, v, g, None, dy, s, h, num_warps=w, grads="triton"))
         for one in (True, False):
-            label = f"states kept, {'one kernel' if one else 'two kernels'}, {warps} warps"
+            label = (f"states kept, Triton {'one kernel' if one else 'two kernels'}, "
+                     f"{warps} warps")
             stages[f"LION backward, {label}"] = (
                 lambda q, k, v, dy, g, s, den, h, hl, o=one, w=warps: lion_backward(
                     q, k, v, g, dy, hl, y=v, y_low=v, den=den, normalize=True, one_kernel=o,
-                    num_warps=w))
+                    num_warps=w, grads="triton"))
     for fused in (False, True):  # per-feature decay: three passes, or one Mosaic kernel
         stages[f"per-feature forward, {'one Mosaic kernel' if fused else 'three passes'}"] = (
             lambda q, k, v, dy, g, *_, f=fused: chunk_scan_per_feature(

@@ -502,7 +502,7 @@ def test_lion_backward_one_or_two_kernels(rng, normalize, dtype):
 
     def run(one, states):
         return lion_backward(q, k, v, g, dy, states, normalize=normalize, chunk=chunk,
-                             interpret=not ON_GPU, one_kernel=one, **forward)
+                             interpret=not ON_GPU, one_kernel=one, grads="triton", **forward)
     want = run(True, None)
     for one, states in ((False, None), (True, kv), (False, kv)):
         for name, a, b in zip(["dq", "dk", "dv", "dlog_decay"], run(one, states), want):
