@@ -49,7 +49,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32
-from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
+from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of, tile_iota
 
 # V columns per program (the state is [Kp, BLOCK_V] float32 in registers).
 BLOCK_V = 64
@@ -145,10 +145,7 @@ def _kernel(q_ref, k_ref, v_ref, b_ref, last_ref, s0_ref, *refs, chunk, bv, stag
         x_s[...] = (x * factor(x)).astype(dtype)
 
     def walk(y_buf, h_buf, w_s):
-        causal = (plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0),
-                                    WGMMA)
-                  >= plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1),
-                                       WGMMA))
+        causal = tile_iota((chunk, chunk), 0) >= tile_iota((chunk, chunk), 1)
 
         def feature_decay(q_s, k_s, b_s, last_s):
             """Q e^b into q_s, K e^-b into k_s, W = (Q e^b)(K e^-b)^T masked into w_s, then

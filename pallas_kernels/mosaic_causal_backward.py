@@ -50,15 +50,14 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.chunk_scan import crossing_sums, mask_rows, spread_through
 from pallas_kernels.mosaic_causal import layout_reason
 from pallas_kernels.mosaic_states import _TILE16
-from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
+from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, rows_and_columns, rows_of,
+                                        tile_iota)
 from pallas_kernels.two_pass import WALK_BLOCK_V, runs_until, walk_backend
 
 # Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
 STAGES = 2
 # Cut the chunks into runs until there are this many programs (two_pass.runs_until).
 TARGET_PROGRAMS = 512
-# Decay rows per step: A, e^A, e^tail (mask_rows), and A again for the columns' layout.
-ROW_INDICES = (0, 1, 2, 0)
 # Per-token sums written per chunk: rowsum(X) + the queries' states term, colsum(X), and
 # the keys' states term.
 SUMS = 3
@@ -68,7 +67,7 @@ def smem_bytes(chunk, kp, vp, itemsize, stages=STAGES):
     """Shared memory of one program: ``stages`` steps of q, k, v, do, h, dh (16-bit) and the
     decay rows; P and dP; two steps of output buffers (dq, dk, dv and the float32 sums)."""
     step = (2 * chunk * kp + 2 * chunk * vp + 2 * kp * vp) * itemsize
-    step += len(ROW_INDICES) * 4 * chunk
+    step += len(DECAY_ROWS) * 4 * chunk
     outs = (2 * chunk * kp + chunk * vp) * itemsize + 4 * (SUMS * chunk + kp)
     return stages * step + 2 * chunk * chunk * itemsize + 2 * outs
 
@@ -98,12 +97,12 @@ def takes_mosaic(grads, reason, k, v, *, chunk, backend, interpret):
 
 def chunk_specs(first, chunk, kp, vp, states):
     """The pipeline's specs from chunk ``first`` on: q, k ``[C, Kp]``, v, dy ``[C, Vp]``, the
-    decay rows (``ROW_INDICES``) and ``states`` state tiles ``[Kp, Vp]``; and a row's spec."""
+    decay rows (``DECAY_ROWS``) and ``states`` state tiles ``[Kp, Vp]``; and a row's spec."""
     tile = lambda width: plgpu.BlockSpec((chunk, width), lambda i: (first + i, 0),
                                          transforms=_TILE16)
     row = plgpu.BlockSpec((chunk,), lambda i: (first + i,))
     state = plgpu.BlockSpec((kp, vp), lambda i: (first + i, 0), transforms=_TILE16)
-    return [tile(kp)] * 2 + [tile(vp)] * 2 + [row] * len(ROW_INDICES) + [state] * states, row
+    return [tile(kp)] * 2 + [tile(vp)] * 2 + [row] * len(DECAY_ROWS) + [state] * states, row
 
 
 def store_outputs(bufs, refs, b, hd, n, chunk):
@@ -134,8 +133,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
     kp, vp = q_ref.shape[-1], v_ref.shape[-1]
     dtype, f32 = q_ref.dtype, jnp.float32
     tile = (chunk, chunk)
-    iota = lambda axis: plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, tile, axis), WGMMA)
-    rows_i, cols_j = iota(0), iota(1)
+    rows_i, cols_j = tile_iota(tile, 0), tile_iota(tile, 1)
 
     def step(idx, q_s, k_s, v_s, do_s, a_s, ea_s, et_s, a_cols_s, h_s, dh_s, *, p_s, dp_s,
              outs):
@@ -150,8 +148,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
             return acc_s[...], acc_g[...]
 
         s, grad_w = pl.run_scoped(products, plgpu.ACC(tile, f32), plgpu.ACC(tile, f32))
-        a_i = rows_of(plgpu.load(a_s, layout=ROWS), tile)
-        a_j = cols_of(plgpu.load(a_cols_s, layout=COLS), tile)
+        a_i, a_j = rows_and_columns(a_s, a_cols_s, tile)
         # exponents <= 0 where kept: no overflow at any decay
         decay = jnp.where(rows_i >= cols_j, jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
         p = s * decay
@@ -199,7 +196,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
     first = r * run
     in_specs, row_spec = chunk_specs(first, chunk, kp, vp, states=2)
     in_refs = [x.at[b, :, hd, :] for x in (q_ref, k_ref, v_ref, do_ref)]
-    in_refs += [rows_ref.at[e, b, hd] for e in ROW_INDICES]
+    in_refs += [rows_ref.at[e, b, hd] for e in DECAY_ROWS]
     in_refs += [h_ref.at[b, hd], dh_ref.at[b, hd]]
 
     def walk(p_s, dp_s, *outs):

@@ -71,22 +71,21 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
 from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, layout_reason
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
-from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
+from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, rows_and_columns, rows_of,
+                                        tile_iota)
 
 # Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64 and 128; on one
 # H100, 2026-12-07, 4 at Kp = 64 took 9 % longer and 2 at 128 12 %: docs/benchmarks.md).
 STAGES = (3, 2)
 # Registers per thread: the memory warpgroup gives its share to the two computing ones.
 MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
-# Rows of the decay tile per slot: A, e^A, e^tail, and A again (read in the columns' layout).
-ROWS_PER_SLOT = (0, 1, 2, 0)
 
 
 def smem_bytes(chunk, kp, bv, itemsize, stages):
     """Shared memory of one program when compiled: ``stages`` slots of q, k, v and four decay
     rows; the chain's two ``e^tail V`` tiles and two state tiles; the outputs' two y tiles;
     the float32 state tile (first and last state). (The interpreter also keeps a W tile.)"""
-    slot = (2 * chunk * kp + chunk * bv) * itemsize + len(ROWS_PER_SLOT) * 4 * chunk
+    slot = (2 * chunk * kp + chunk * bv) * itemsize + len(DECAY_ROWS) * 4 * chunk
     chain = (2 * chunk * bv + 2 * kp * bv) * itemsize
     return stages * slot + chain + 2 * chunk * bv * itemsize + 4 * kp * bv
 
@@ -138,7 +137,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             plgpu.copy_gmem_to_smem(k_ref.at[b, seq, hd, :], k_buf.at[slot], loaded[1].at[slot])
             plgpu.copy_gmem_to_smem(v_ref.at[b, seq, hd, cols], v_buf.at[slot],
                                     loaded[2].at[slot])
-            for x, row in enumerate(ROWS_PER_SLOT):
+            for x, row in enumerate(DECAY_ROWS):
                 plgpu.copy_gmem_to_smem(decay_ref.at[row, b, hd, seq], rows_buf.at[slot, x],
                                         loaded[3 + x].at[slot])
 
@@ -233,10 +232,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
         @pl.when(wg == 1)
         def _outputs():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-            causal = (plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0),
-                                        WGMMA)
-                      >= plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1),
-                                           WGMMA))
+            causal = tile_iota((chunk, chunk), 0) >= tile_iota((chunk, chunk), 1)
 
             def scores(acc, slot):  # Q K^T
                 plgpu.wgmma(acc, q_buf.at[slot], k_buf.at[slot].transpose((1, 0)))
@@ -245,8 +241,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             def operands(slot, s):
                 """W (s masked by exp(A_i - A_j)) and Q e^A, in the input dtype, as the y
                 wgmmas take them."""
-                a_i = rows_of(plgpu.load(rows_buf.at[slot, 0], layout=ROWS), s.shape)
-                a_j = cols_of(plgpu.load(rows_buf.at[slot, 3], layout=COLS), s.shape)
+                a_i, a_j = rows_and_columns(rows_buf.at[slot, 0], rows_buf.at[slot, 3], s.shape)
                 # exponents <= 0 where kept: no overflow at any decay
                 w = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
                 q = plgpu.load(q_buf.at[slot], layout=WGMMA).astype(f32)
@@ -292,7 +287,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
     bufs = [plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, chunk, bv), dtype, transforms=_TILE16),
-            plgpu.SMEM((stages, len(ROWS_PER_SLOT), chunk), f32),
+            plgpu.SMEM((stages, len(DECAY_ROWS), chunk), f32),
             plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
@@ -300,7 +295,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
     if not registers:
         bufs.append(plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16))
     pl.run_scoped(
-        body, bufs, [plgpu.Barrier(num_barriers=stages)] * (3 + len(ROWS_PER_SLOT)),
+        body, bufs, [plgpu.Barrier(num_barriers=stages)] * (3 + len(DECAY_ROWS)),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages), plgpu.Barrier(num_barriers=2),
         plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=1), collective_axes="wg")
 

@@ -45,11 +45,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import mask_rows
-from pallas_kernels.mosaic_causal_backward import (ROW_INDICES, SUMS, TARGET_PROGRAMS, chunk_specs,
+from pallas_kernels.mosaic_causal_backward import (SUMS, TARGET_PROGRAMS, chunk_specs,
                                                    log_decay_grads, store_outputs)
 from pallas_kernels.mosaic_causal import layout_reason
 from pallas_kernels.mosaic_states import _TILE16
-from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
+from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of,
+                                        rows_and_columns, rows_of, tile_iota)
 from pallas_kernels.two_pass import runs_until
 
 STAGES = 2
@@ -60,7 +61,7 @@ def smem_bytes(chunk, kp, vp, itemsize, normalize, stages=STAGES):
     (and r, u, four z); ``W r``, one or two parts of ``G M``, ``K e^head``; two steps of output
     buffers (dq, dk, dv and the float32 sums)."""
     step = (2 * chunk * kp + 2 * chunk * vp + 4 * kp * vp) * itemsize
-    step += 4 * (len(ROW_INDICES) * chunk + normalize * (2 * chunk + 4 * kp))
+    step += 4 * (len(DECAY_ROWS) * chunk + normalize * (2 * chunk + 4 * kp))
     scratch = (chunk * chunk * (2 + normalize) + chunk * kp) * itemsize
     outs = (2 * chunk * kp + chunk * vp) * itemsize + 4 * (SUMS * chunk + kp)
     return stages * step + scratch + 2 * outs
@@ -87,8 +88,7 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
     kp, vp = q_ref.shape[-1], v_ref.shape[-1]
     dtype, f32 = q_ref.dtype, jnp.float32
     tile = (chunk, chunk)
-    iota = lambda axis: plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, tile, axis), WGMMA)
-    signs = jnp.sign((iota(0) - iota(1)).astype(f32))
+    signs = jnp.sign((tile_iota(tile, 0) - tile_iota(tile, 1)).astype(f32))
 
     def step(idx, q_s, k_s, v_s, dy_s, a_s, eh_s, et_s, a_cols_s, hf_s, hb_s, dhf_s, dhb_s,
              *norm_s, p_s, gm_s, ke_s, outs):
@@ -105,7 +105,8 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
             return acc_s[...], acc_g[...]
 
         s, grad = pl.run_scoped(products, plgpu.ACC(tile, f32), plgpu.ACC(tile, f32))
-        mask = jnp.exp(-jnp.abs(row(a_s, tile) - col(a_cols_s, tile)))
+        a_i, a_j = rows_and_columns(a_s, a_cols_s, tile)
+        mask = jnp.exp(-jnp.abs(a_i - a_j))
         w = s * mask
         if normalize:
             r_s, u_s, zf_s, zb_s, dzf_s, dzb_s = norm_s
@@ -182,7 +183,7 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
     first = r * run
     in_specs, row_spec = chunk_specs(first, chunk, kp, vp, states=4)
     in_refs = [x.at[b, :, hd, :] for x in (q_ref, k_ref, v_ref, dy_ref)]
-    in_refs += [rows_ref.at[e, b, hd] for e in ROW_INDICES]
+    in_refs += [rows_ref.at[e, b, hd] for e in DECAY_ROWS]
     in_refs += [x.at[e, b, hd] for x in (h_ref, dh_ref) for e in (0, 1)]
     if normalize:
         in_specs += [row_spec] * 2 + [plgpu.BlockSpec((kp,), lambda i: (first + i,))] * 4

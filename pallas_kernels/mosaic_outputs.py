@@ -45,7 +45,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import mask_rows
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
-from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of
+from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of, rows_and_columns,
+                                        rows_of)
 from pallas_kernels.two_pass import runs_until
 
 # V columns per program: [Kp, BV] tiles of both states for 2 pipeline steps fit in shared
@@ -124,8 +125,7 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
             return acc[...]
 
         s = pl.run_scoped(scores, plgpu.ACC((chunk, chunk), f32))
-        a_i = rows_of(plgpu.load(a_s, layout=ROWS), s.shape)  # A_i on row i
-        a_j = cols_of(plgpu.load(a_cols_s, layout=COLS), s.shape)  # A_j on column j
+        a_i, a_j = rows_and_columns(a_s, a_cols_s, s.shape)  # A_i on row i, A_j on column j
         w = s * jnp.exp(-jnp.abs(a_i - a_j))
         q = plgpu.load(q_s, layout=WGMMA).astype(f32)
         qf = (q * rows_of(plgpu.load(eh_s, layout=ROWS), q.shape)).astype(dtype)
@@ -192,7 +192,7 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
     state = plgpu.BlockSpec((kp, bv), lambda i: (first + i, 0), transforms=_TILE16)
     in_specs = [tile(kp), tile(kp), tile(bv), row, row, row, row, state, state]
     in_refs = [q_ref.at[b, :, hd, :], k_ref.at[b, :, hd, :], v_ref.at[b, :, hd, cols]]
-    in_refs += [rows_ref.at[x, b, hd] for x in (0, 1, 2, 0)]  # A again: read as columns
+    in_refs += [rows_ref.at[x, b, hd] for x in DECAY_ROWS]
     in_refs += [h_ref.at[e, b, hd, :, cols] for e in (0, 1)]
     if normalize:
         in_specs += [plgpu.BlockSpec((kp,), lambda i: (first + i,))] * 2

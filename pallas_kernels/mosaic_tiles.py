@@ -1,13 +1,18 @@
-"""Register-tile helpers shared by the Mosaic GPU kernels (``mosaic_outputs.py``,
-``mosaic_causal.py``, ``mosaic_causal_warps.py``): one warpgroup's tiles in the WGMMA layout,
-and vectors broadcast along their rows or columns."""
+"""Register-tile helpers shared by the Mosaic GPU chunk kernels (``mosaic_outputs.py``,
+``mosaic_causal.py``, ``mosaic_causal_warps.py``, ``mosaic_causal_backward.py``,
+``mosaic_lion_backward.py``): one warpgroup's tiles in the WGMMA layout, vectors broadcast
+along their rows or columns, and the decay rows the kernels read per chunk."""
 
+import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 WGMMA = plgpu.Layout.WGMMA
 ROWS = WGMMA.reduce(1)  # a vector with one entry per row of a WGMMA tile
 COLS = WGMMA.reduce(0)  # a vector with one entry per column
+# The rows of ``chunk_scan.mask_rows`` a kernel reads per chunk: A, e^A, e^tail, and A again,
+# read in the columns' layout (:func:`rows_and_columns`).
+DECAY_ROWS = (0, 1, 2, 0)
 
 
 def rows_of(x, shape):
@@ -19,3 +24,16 @@ def cols_of(x, shape):
     """``x [C]`` (COLS layout) on the columns of a tile of ``shape``: entry ``(i, j)`` is x_j."""
     return lax.broadcast_in_dim(x, shape, [1])
 
+
+
+def rows_and_columns(x_s, x_cols_s, shape):
+    """``(x_i, x_j)``: a ``[C]`` shared-memory vector on the rows and on the columns of a tile
+    of ``shape``, the columns' from a second copy ``x_cols_s`` read in the COLS layout (Mosaic
+    GPU, jax 0.11.2, takes no row- and column-indexed broadcasts of one load)."""
+    return (rows_of(plgpu.load(x_s, layout=ROWS), shape),
+            cols_of(plgpu.load(x_cols_s, layout=COLS), shape))
+
+
+def tile_iota(shape, axis):
+    """The row (``axis`` 0) or column (1) index of every entry of a tile, int32, WGMMA layout."""
+    return plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, shape, axis), WGMMA)
