@@ -95,14 +95,31 @@ def takes_mosaic(grads, reason, k, v, *, chunk, backend, interpret):
     return reason is None and walk == "mosaic"
 
 
-def chunk_specs(first, chunk, kp, vp, states):
-    """The pipeline's specs from chunk ``first`` on: q, k ``[C, Kp]``, v, dy ``[C, Vp]``, the
-    decay rows (``DECAY_ROWS``) and ``states`` state tiles ``[Kp, Vp]``; and a row's spec."""
+def chunk_inputs(tokens, rows_ref, states, b, hd, first, chunk):
+    """The pipeline's inputs from chunk ``first`` on, for program (b, hd): ``(specs, refs,
+    row_spec)`` of the token refs ``tokens`` (q, k ``[B, L, H, Kp]``, v, dy ``[B, L, H,
+    Vp]``), the decay rows (``DECAY_ROWS`` of ``rows_ref [3, B, H, L]``) and the state refs
+    ``states`` (each ``[N * Kp, Vp]``, this program's), and the spec of one more row."""
+    kp, vp = tokens[0].shape[-1], tokens[2].shape[-1]
     tile = lambda width: plgpu.BlockSpec((chunk, width), lambda i: (first + i, 0),
                                          transforms=_TILE16)
     row = plgpu.BlockSpec((chunk,), lambda i: (first + i,))
     state = plgpu.BlockSpec((kp, vp), lambda i: (first + i, 0), transforms=_TILE16)
-    return [tile(kp)] * 2 + [tile(vp)] * 2 + [row] * len(DECAY_ROWS) + [state] * states, row
+    specs = [tile(kp)] * 2 + [tile(vp)] * 2 + [row] * len(DECAY_ROWS) + [state] * len(states)
+    refs = [x.at[b, :, hd, :] for x in tokens] + [rows_ref.at[e, b, hd] for e in DECAY_ROWS]
+    return specs, refs + list(states), row
+
+
+def score_products(q_s, k_s, dy_s, v_s):
+    """``(Q K^T, dy V^T)``, ``[C, C]`` float32 each: two wgmmas issued together, K and V read
+    transposed from shared memory."""
+    def products(acc_s, acc_g):
+        plgpu.wgmma(acc_s, q_s, k_s.transpose((1, 0)))
+        plgpu.wgmma(acc_g, dy_s, v_s.transpose((1, 0)))
+        return acc_s[...], acc_g[...]
+
+    tile = (q_s.shape[0], k_s.shape[0])
+    return pl.run_scoped(products, plgpu.ACC(tile, jnp.float32), plgpu.ACC(tile, jnp.float32))
 
 
 def store_outputs(bufs, refs, b, hd, n, chunk):
@@ -142,12 +159,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's copies of step i - 2 read
         dq_s, dk_s, dv_s, sums_s, inner_s = (buf.at[slot] for buf in outs)
 
-        def products(acc_s, acc_g):
-            plgpu.wgmma(acc_s, q_s, k_s.transpose((1, 0)))
-            plgpu.wgmma(acc_g, do_s, v_s.transpose((1, 0)))
-            return acc_s[...], acc_g[...]
-
-        s, grad_w = pl.run_scoped(products, plgpu.ACC(tile, f32), plgpu.ACC(tile, f32))
+        s, grad_w = score_products(q_s, k_s, do_s, v_s)
         a_i, a_j = rows_and_columns(a_s, a_cols_s, tile)
         # exponents <= 0 where kept: no overflow at any decay
         decay = jnp.where(rows_i >= cols_j, jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
@@ -194,10 +206,8 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
                       (dq_ref, dk_ref, dv_ref, sums_ref, inner_ref), b, hd, n, chunk)
 
     first = r * run
-    in_specs, row_spec = chunk_specs(first, chunk, kp, vp, states=2)
-    in_refs = [x.at[b, :, hd, :] for x in (q_ref, k_ref, v_ref, do_ref)]
-    in_refs += [rows_ref.at[e, b, hd] for e in DECAY_ROWS]
-    in_refs += [h_ref.at[b, hd], dh_ref.at[b, hd]]
+    in_specs, in_refs, _ = chunk_inputs((q_ref, k_ref, v_ref, do_ref), rows_ref,
+                                        (h_ref.at[b, hd], dh_ref.at[b, hd]), b, hd, first, chunk)
 
     def walk(p_s, dp_s, *outs):
         plgpu.emit_pipeline(

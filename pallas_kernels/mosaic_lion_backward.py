@@ -45,8 +45,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import mask_rows
-from pallas_kernels.mosaic_causal_backward import (SUMS, TARGET_PROGRAMS, chunk_specs,
-                                                   log_decay_grads, store_outputs)
+from pallas_kernels.mosaic_causal_backward import (SUMS, TARGET_PROGRAMS, chunk_inputs,
+                                                   log_decay_grads, score_products,
+                                                   store_outputs)
 from pallas_kernels.mosaic_causal import layout_reason
 from pallas_kernels.mosaic_states import _TILE16
 from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of,
@@ -99,12 +100,7 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
         row = lambda ref, shape: rows_of(plgpu.load(ref, layout=ROWS), shape)
         col = lambda ref, shape: cols_of(plgpu.load(ref, layout=COLS), shape)
 
-        def products(acc_s, acc_g):
-            plgpu.wgmma(acc_s, q_s, k_s.transpose((1, 0)))
-            plgpu.wgmma(acc_g, dy_s, v_s.transpose((1, 0)))
-            return acc_s[...], acc_g[...]
-
-        s, grad = pl.run_scoped(products, plgpu.ACC(tile, f32), plgpu.ACC(tile, f32))
+        s, grad = score_products(q_s, k_s, dy_s, v_s)
         a_i, a_j = rows_and_columns(a_s, a_cols_s, tile)
         mask = jnp.exp(-jnp.abs(a_i - a_j))
         w = s * mask
@@ -181,10 +177,9 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
                       (dq_ref, dk_ref, dv_ref, sums_ref, inner_ref), b, hd, n, chunk)
 
     first = r * run
-    in_specs, row_spec = chunk_specs(first, chunk, kp, vp, states=4)
-    in_refs = [x.at[b, :, hd, :] for x in (q_ref, k_ref, v_ref, dy_ref)]
-    in_refs += [rows_ref.at[e, b, hd] for e in DECAY_ROWS]
-    in_refs += [x.at[e, b, hd] for x in (h_ref, dh_ref) for e in (0, 1)]
+    states = [x.at[e, b, hd] for x in (h_ref, dh_ref) for e in (0, 1)]
+    in_specs, in_refs, row_spec = chunk_inputs((q_ref, k_ref, v_ref, dy_ref), rows_ref, states,
+                                               b, hd, first, chunk)
     if normalize:
         in_specs += [row_spec] * 2 + [plgpu.BlockSpec((kp,), lambda i: (first + i,))] * 4
         in_refs += [ru_ref.at[e, b, hd] for e in (0, 1)]
