@@ -23,7 +23,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             (pallas_causal_per_feature_fused, ``PER_FEATURE_FORWARD = "fused"``); the
             causal op and LION with the Triton gradients kernels in place of the Mosaic GPU
             ones (pallas_causal_triton_grads, pallas_lion_triton_grads, ``GRADS_KERNEL =
-            "triton"``): the A/Bs of :func:`traced_under`
+            "triton"``), and with the Mosaic GPU chunk kernels' exp as the approximate
+            instruction (pallas_causal_approx_exp, pallas_lion_approx_exp,
+            ``mosaic_tiles.APPROX_MATH = True``): the A/Bs of :func:`traced_under`
   FLA       fla.ops.simple_gla.chunk_simple_gla with per-head g_gamma (and per-token g,
             forward only: FLA refuses that backward on Hopper with triton < 3.7.1),
             fla.ops.linear_attn.chunk_linear_attn (no decay, not normalised)
@@ -121,24 +123,29 @@ def causal_per_feature(q, k, v, g):
 
 @contextlib.contextmanager
 def traced_under(settings):
-    """``pallas_kernels.linear_attention``'s module settings ``{name: value}`` (read when the
-    op is traced: ``FLOAT32_X3``, ``PER_FEATURE_BACKWARD``) in place while an op is traced,
-    compiled and timed inside; JAX's caches are cleared on entry and exit, so no trace under
-    other settings is reused."""
-    from pallas_kernels import linear_attention
-    saved = {name: getattr(linear_attention, name) for name in settings}
+    """Module settings of ``pallas_kernels`` ``{name: value}`` (read when the op is traced:
+    ``FLOAT32_X3``, ``PER_FEATURE_BACKWARD`` of ``linear_attention``, or ``module.NAME`` of
+    another module, ``mosaic_tiles.APPROX_MATH``) in place while an op is traced, compiled and
+    timed inside; JAX's caches are cleared on entry and exit, so no trace under other settings
+    is reused."""
+    import importlib
+
+    def place(name):
+        module, _, attr = name.rpartition(".")
+        return importlib.import_module(f"pallas_kernels.{module or 'linear_attention'}"), attr
+    saved = {name: getattr(*place(name)) for name in settings}
     jax.clear_caches()
     for name, value in settings.items():
-        setattr(linear_attention, name, value)
+        setattr(*place(name), value)
     try:
         yield
     finally:
         for name, value in saved.items():
-            setattr(linear_attention, name, value)
+            setattr(*place(name), value)
         jax.clear_caches()
 
 
-# cases timed under their settings of pallas_kernels.linear_attention (traced_under)
+# cases timed under their settings of pallas_kernels' modules (traced_under)
 SETTINGS = {
     "pallas_causal_per_feature_tf32": {"FLOAT32_X3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32,
                                        "PER_FEATURE_BACKWARD": "scans"},
@@ -146,7 +153,9 @@ SETTINGS = {
     "pallas_causal_per_feature_fused": {"PER_FEATURE_FORWARD": "fused"},
     "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"},
     "pallas_causal_triton_grads": {"GRADS_KERNEL": "triton"},
-    "pallas_lion_triton_grads": {"GRADS_KERNEL": "triton"}}
+    "pallas_lion_triton_grads": {"GRADS_KERNEL": "triton"},
+    "pallas_causal_approx_exp": {"mosaic_tiles.APPROX_MATH": True},
+    "pallas_lion_approx_exp": {"mosaic_tiles.APPROX_MATH": True}}
 
 
 def jax_cases(quick):
@@ -171,6 +180,8 @@ def jax_cases(quick):
     cases["pallas_causal_two_kernels"] = cases["pallas_causal_2pass"]  # under its setting
     cases["pallas_causal_triton_grads"] = cases["pallas_causal_2pass"]
     cases["pallas_lion_triton_grads"] = cases["pallas_lion_2pass"]
+    cases["pallas_causal_approx_exp"] = cases["pallas_causal_2pass"]
+    cases["pallas_lion_approx_exp"] = cases["pallas_lion_2pass"]
     cases.update({
         "cudnn_causal": lambda q, k, v, g: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),
@@ -473,6 +484,8 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_causal_triton_grads", "jla_simple_gla"),
     ("pallas_causal_2pass", "pallas_causal_triton_grads"),
     ("pallas_lion_2pass", "pallas_lion_triton_grads"),
+    ("pallas_causal_approx_exp", "pallas_causal_2pass"),
+    ("pallas_lion_approx_exp", "pallas_lion_2pass"),
     ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
     ("pallas_causal_per_feature_scans", "jla_gla"), ("pallas_causal_per_feature_fused", "jla_gla"),
     ("pallas_causal_per_feature_fused", "pallas_causal_per_feature"),
@@ -480,7 +493,7 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_lion_plain", "cudnn_full")]
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op
 COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}")
-         for a in ("2pass", "seq", "2pass_triton", "triton_grads")]
+         for a in ("2pass", "seq", "2pass_triton", "triton_grads", "approx_exp")]
 
 
 def markdown(rows, header):

@@ -49,7 +49,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32
-from pallas_kernels.mosaic_tiles import COLS, ROWS, WGMMA, cols_of, rows_of, tile_iota
+from pallas_kernels.mosaic_tiles import (COLS, ROWS, WGMMA, cols_of, compiler_params, rows_of,
+                                        tile_iota)
 
 # V columns per program (the state is [Kp, BLOCK_V] float32 in registers).
 BLOCK_V = 64
@@ -245,6 +246,6 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, store_states=Fals
     y, *rest = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, bv=BLOCK_V, stages=stages, store=store_states),
         out_type=tuple(out_type), grid=(B, H, vp // BLOCK_V), grid_names=tuple("bhj"),
-        interpret=interpret,
+        interpret=interpret, compiler_params=compiler_params(),
     )(q, k, v, b.reshape(B, L, H, kp), last, s0)
     return (y, rest[-1], rest[0]) if store_states else (y, rest[-1])

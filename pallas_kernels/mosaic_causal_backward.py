@@ -50,8 +50,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.chunk_scan import crossing_sums, mask_rows, spread_through
 from pallas_kernels.mosaic_causal import layout_reason
 from pallas_kernels.mosaic_states import _TILE16
-from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, rows_and_columns, rows_of,
-                                        tile_iota)
+from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, compiler_params,
+                                        rows_and_columns, rows_of, tile_iota)
 from pallas_kernels.two_pass import WALK_BLOCK_V, runs_until, walk_backend
 
 # Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
@@ -249,7 +249,7 @@ def grads_mosaic(q, k, v, do, g, h, dh, *, chunk, interpret=None):
     dq, dk, dv, sums, inner = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, run=N // runs),
         out_type=out_type, grid=(B, H, runs), grid_names=tuple("bhr"), interpret=interpret,
-        kernel_name="causal_grads_mosaic",
+        kernel_name="causal_grads_mosaic", compiler_params=compiler_params(),
     )(q, k, v, do, mask_rows(g, chunk), h.reshape(B, H, N * kp, vp),
       dh.reshape(B, H, N * kp, vp))
     return dq, dk, dv, log_decay_grads(sums, inner, g, chunk)

@@ -71,8 +71,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
 from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, layout_reason
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
-from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, rows_and_columns, rows_of,
-                                        tile_iota)
+from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, compiler_params,
+                                        rows_and_columns, rows_of, tile_iota)
 
 # Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64 and 128; on one
 # H100, 2026-12-07, 4 at Kp = 64 took 9 % longer and 2 at 128 12 %: docs/benchmarks.md).
@@ -356,14 +356,14 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
     out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
-    params = None
+    params = compiler_params()
     if profile_dir is not None:  # 3 warpgroups x 4 int32 entries per region
         free = SMEM_BYTES - smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages) - 8192
         if free < 48 * 64:
             raise ValueError(f"no shared memory left for the profiler's trace at Kp {kp} with "
                              f"{stages} stages; pass stages={stages - 1}")
-        params = plgpu.CompilerParams(profile_space=free // 48, profile_dir=profile_dir,
-                                      profile_bounds_check=True)
+        params = compiler_params(profile_space=free // 48, profile_dir=profile_dir,
+                                 profile_bounds_check=True)
     y, *rest = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
                           store=store_states, registers=registers),

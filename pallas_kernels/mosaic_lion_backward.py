@@ -51,7 +51,8 @@ from pallas_kernels.mosaic_causal_backward import (SUMS, TARGET_PROGRAMS, chunk_
 from pallas_kernels.mosaic_causal import layout_reason
 from pallas_kernels.mosaic_states import _TILE16
 from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of,
-                                        rows_and_columns, rows_of, tile_iota)
+                                        compiler_params, rows_and_columns, rows_of,
+                                        tile_iota)
 from pallas_kernels.two_pass import runs_until
 
 STAGES = 2
@@ -231,6 +232,6 @@ def lion_grads_mosaic(q, k, v, dy, g, kv, qd, rows=None, *, chunk, normalize, in
     dq, dk, dv, sums, inner = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, run=N // runs, normalize=normalize),
         out_type=out_type, grid=(B, H, runs), grid_names=tuple("bhr"), interpret=interpret,
-        kernel_name="lion_grads_mosaic",
+        kernel_name="lion_grads_mosaic", compiler_params=compiler_params(),
     )(q, k, v, dy, mask_rows(g, chunk), norm[0], states(kv[0]), states(qd[0]), *norm[1:])
     return dq, dk, dv, log_decay_grads(sums, inner, g, chunk)

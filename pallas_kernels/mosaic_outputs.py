@@ -45,8 +45,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import mask_rows
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
-from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of, rows_and_columns,
-                                        rows_of)
+from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of,
+                                        compiler_params, rows_and_columns, rows_of)
 from pallas_kernels.two_pass import runs_until
 
 # V columns per program: [Kp, BV] tiles of both states for 2 pipeline steps fit in shared
@@ -254,7 +254,7 @@ def bidirectional_outputs_mosaic(q, k, v, g, h, z=None, offset=None, *, chunk, n
         functools.partial(_kernel, chunk=chunk, run=N // runs, bv=BLOCK_V, normalize=normalize,
                           eps=eps, low_part=low_part, registers=registers),
         out_type=tuple(out_type), grid=(B, H, nvb, runs), grid_names=tuple("bhjr"),
-        interpret=interpret,
+        interpret=interpret, compiler_params=compiler_params(),
     )
     outs = list(kernel(q, k, v, rows, h.reshape(2, B, H, N * kp, vp), z if normalize else None,
                        offset))

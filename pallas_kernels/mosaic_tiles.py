@@ -1,7 +1,8 @@
 """Register-tile helpers shared by the Mosaic GPU chunk kernels (``mosaic_outputs.py``,
 ``mosaic_causal.py``, ``mosaic_causal_warps.py``, ``mosaic_causal_backward.py``,
 ``mosaic_lion_backward.py``): one warpgroup's tiles in the WGMMA layout, vectors broadcast
-along their rows or columns, and the decay rows the kernels read per chunk."""
+along their rows or columns, the decay rows the kernels read per chunk, and their compiler
+parameters."""
 
 import jax.numpy as jnp
 from jax import lax
@@ -13,6 +14,10 @@ COLS = WGMMA.reduce(0)  # a vector with one entry per column
 # The rows of ``chunk_scan.mask_rows`` a kernel reads per chunk: A, e^A, e^tail, and A again,
 # read in the columns' layout (:func:`rows_and_columns`).
 DECAY_ROWS = (0, 1, 2, 0)
+# exp in the compiled chunk kernels as ex2.approx.ftz of x log2(e) (two instructions; relative
+# error about 2^-22 plus x's rounding, |x| 2^-24) instead of libdevice's expf, as
+# mosaic_dense.py does. Read when a kernel is traced; the interpreter's exp is exact either way.
+APPROX_MATH = False
 
 
 def rows_of(x, shape):
@@ -25,13 +30,17 @@ def cols_of(x, shape):
     return lax.broadcast_in_dim(x, shape, [1])
 
 
-
 def rows_and_columns(x_s, x_cols_s, shape):
     """``(x_i, x_j)``: a ``[C]`` shared-memory vector on the rows and on the columns of a tile
     of ``shape``, the columns' from a second copy ``x_cols_s`` read in the COLS layout (Mosaic
     GPU, jax 0.11.2, takes no row- and column-indexed broadcasts of one load)."""
     return (rows_of(plgpu.load(x_s, layout=ROWS), shape),
             cols_of(plgpu.load(x_cols_s, layout=COLS), shape))
+
+
+def compiler_params(**kw):
+    """The chunk kernels' ``plgpu.CompilerParams``: ``approx_math=APPROX_MATH`` and ``kw``."""
+    return plgpu.CompilerParams(approx_math=APPROX_MATH, **kw)
 
 
 def tile_iota(shape, axis):

@@ -70,32 +70,40 @@ def test_report_pairs_ours_with_jla():
 
 @pytest.mark.parametrize("name", sorted(bench_kernels.SETTINGS))
 def test_traced_under_switches_the_settings(name):
-    """The A/B rows trace their op under their settings of pallas_kernels.linear_attention
-    (TF32 scan products and the chunk-parallel backward of the per-feature op; the causal
-    op's forward as two kernels; the Triton gradients kernels in place of the Mosaic ones) and
-    leave the defaults in place afterwards, also after an error; the report sets them against
-    jla or, where jla has no such op (normalised LION), against the default op."""
-    from pallas_kernels import linear_attention
+    """The A/B rows trace their op under their settings of pallas_kernels' modules (TF32 scan
+    products and the chunk-parallel backward of the per-feature op; the causal op's forward
+    as two kernels; the Triton gradients kernels in place of the Mosaic ones; the Mosaic
+    kernels' approximate exp) and leave the defaults in place afterwards, also after an
+    error; the report sets them against jla or, where jla has no such op (normalised LION),
+    against the default op."""
+    import importlib
     settings = bench_kernels.SETTINGS[name]
     assert name in bench_kernels.jax_cases(quick=False)
-    defaults = {key: getattr(linear_attention, key) for key in settings}
+
+    def now():
+        def value(key):
+            module, _, attr = key.rpartition(".")
+            return getattr(importlib.import_module(
+                f"pallas_kernels.{module or 'linear_attention'}"), attr)
+        return {key: value(key) for key in settings}
+    defaults = now()
     assert defaults != settings
     seen = []
     with bench_kernels.traced_under(settings):
-        seen.append({key: getattr(linear_attention, key) for key in settings})
+        seen.append(now())
     assert seen == [settings]
-    assert {key: getattr(linear_attention, key) for key in settings} == defaults
+    assert now() == defaults
     with pytest.raises(ZeroDivisionError), bench_kernels.traced_under(settings):
         1 / 0
-    assert {key: getattr(linear_attention, key) for key in settings} == defaults
+    assert now() == defaults
     pairs = [(o, p) for o, p in bench_kernels.RATIOS if name in (o, p)]
     ours, peer = next((pair for pair in pairs if pair[1].startswith("jla")), pairs[0])
-    assert peer.startswith("jla") or name == "pallas_lion_triton_grads"
+    other = peer if ours == name else ours
+    assert other.startswith("jla") or other in ("pallas_causal_2pass", "pallas_lion_2pass")
     rows = [dict(op=op, kind="fwd+bwd", L=4096, D=64, ms=ms, mib=None)
             for op, ms in ((ours, 2.0), (peer, 1.0))]
     assert (f"| {ours} vs {peer} | fwd+bwd | 64 | 0.50 |"
             in bench_kernels.markdown(rows, "# test"))
-
 
 
 def test_resume_keeps_this_machines_rows(tmp_path, monkeypatch, capsys):

@@ -401,6 +401,38 @@ def test_mosaic_backend(rng, monkeypatch, op, L, K, V, decay, flag, grads):
                 jnp.bfloat16, ["y vs triton"] + [f"{n} vs triton" for n in names])
 
 
+@pytest.mark.parametrize("op", ["causal", "bidirectional"])
+def test_approx_exp(rng, monkeypatch, spy, op):
+    """``mosaic_tiles.APPROX_MATH = True`` (the Mosaic GPU chunk kernels' exp as
+    ``ex2.approx``; on CPU the interpreter's exp, so there only the setting's plumbing) keeps
+    the ops within bf16's tolerance of float64, forward and gradients, at strong decay: every
+    kernel on Mosaic GPU (the causal forward as one kernel, the gradients kernels)."""
+    from pallas_kernels import linear_attention, mosaic_tiles
+    monkeypatch.setattr(mosaic_tiles, "APPROX_MATH", True)
+    monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "fused")
+    from pallas_kernels import bidirectional, causal_backward, two_pass
+    kernels = ((bidirectional, "bidirectional_outputs_mosaic"),
+               (bidirectional, "lion_grads_mosaic"))
+    if op == "causal":
+        kernels = ((two_pass, "causal_forward_warps"), (causal_backward, "grads_mosaic"))
+    calls = [spy(*kernel) for kernel in kernels]  # clears the caches: traced under the setting
+    B, L, H, K, V = 1, 195, 2, 64, 64
+    bidirectional = op == "bidirectional"
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, "strong", positive=bidirectional)
+    dy = jnp.asarray(rng.standard_normal((B, L, H, V)), jnp.bfloat16)
+    if bidirectional:
+        kernel = lambda *a: pallas_kernels.bidirectional_linear_attention(
+            *a, chunk_size=64, backend="mosaic")
+        reference = lambda *a: ops.lion_attention(*a, impl="attention")
+    else:
+        kernel = lambda *a: pallas_kernels.causal_linear_attention(
+            *a, chunk_size=64, backend="mosaic")
+        reference = lambda *a: ops.causal_linear_attention(*a, impl="attention")
+    check_bf16_against_float64(kernel, reference, (q, k, v, g), dy)
+    assert all(calls), "a Mosaic GPU chunk kernel was not taken"
+    jax.clear_caches()
+
+
 # Kp = 128 only on the GPU: the interpreter's three warpgroups deadlock there on a 2-core
 # machine (tests/test_mosaic_causal.py says why)
 FUSED_CASES = [(200, 64, 48, "strong", True), (130, 40, 64, "mild", False)] + (
