@@ -2,7 +2,7 @@
 
     python -m experiments.bench_kernels --out workdir/bench_kernels [--lengths 4096,16384]
         [--dims 64,128] [--quick] [--deadline 500] [--fla-autotune-configs 1]
-        [--ops pallas_causal,fla] [--sweep 16384] [--reps 10]
+        [--ops pallas_causal,fla] [--sweep 16384] [--reps 10] [--acceptance] [--resume]
 
 Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
   ours      pallas_kernels.causal_linear_attention (per-token log_decay) and
@@ -40,8 +40,10 @@ mean of 5 back-to-back calls with one wait for the device at the end (``time_jax
 ``time_torch``). Memory: XLA's compiled temp + output bytes for JAX, the peak allocated above
 the inputs for torch. Prints a table of times,
 the speed ratios against the peers and LION's cost against our causal op (its acceptance bound
-is 2x), and writes results.json, results.md and results.png under --out (rewritten after every
-row, so a timeout keeps what was measured).
+is 2x), each of the kernels' speed targets (``TARGETS``) with its misses marked, and writes
+results.json, results.md and results.png under --out (rewritten after every row, so a timeout
+keeps what was measured). ``--acceptance`` times the ops of the targets at L = 4K, 16K, 32K and
+D = 64, 128 (with ``--resume`` over several calls on one machine).
 ``--deadline`` stops starting new measurements once that many seconds have passed;
 ``--resume`` keeps the rows of --out's results.json when they come from this machine since its
 last boot (same device and settings) and measures only the missing ones, so that calls of a
@@ -491,6 +493,26 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_causal_per_feature_fused", "pallas_causal_per_feature"),
     ("pallas_lion_plain", "jla_lion_2pass"),
     ("pallas_lion_plain", "cudnn_full")]
+# The kernels' speed targets: (label, ours, peers, pass, bound, only at L). Speed targets
+# (bound > 0): the fastest peer's time / ours >= bound; cost targets (bound < 0): ours / the
+# peer's (our causal op's) <= -bound. cuDNN's quadratic attention only at 16K.
+TARGETS = [
+    ("causal vs jla simple_gla", "pallas_causal_2pass", ("jla_simple_gla",), "fwd", 1.0, None),
+    ("causal vs jla simple_gla", "pallas_causal_2pass", ("jla_simple_gla",), "fwd+bwd", 1.2,
+     None),
+    ("causal vs FLA's fastest", "pallas_causal_2pass", ("fla_simple_gla_gamma",
+                                                        "fla_linear_attn"), "fwd+bwd", 1.5, None),
+    ("per-feature vs jla gla", "pallas_causal_per_feature", ("jla_gla",), "fwd", 1.0, None),
+    ("per-feature vs jla gla", "pallas_causal_per_feature", ("jla_gla",), "fwd+bwd", 1.0, None),
+    ("LION normalised / our causal", "pallas_lion_2pass", ("pallas_causal_2pass",), "fwd+bwd",
+     -1.6, None),
+    ("LION plain vs jla two passes", "pallas_lion_plain", ("jla_lion_2pass",), "fwd+bwd", 2.0,
+     None),
+    ("LION normalised vs cuDNN", "pallas_lion_2pass", ("cudnn_full",), "fwd+bwd", 10.0, 16384)]
+# --acceptance: the ops of TARGETS at these lengths and head dims
+ACCEPTANCE = dict(lengths=(4096, 16384, 32768), dims=(64, 128),
+                  ops=sorted({f"{op}$" for _, ours, peers, *_ in TARGETS
+                              for op in (ours, *peers)}))
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op
 COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}")
          for a in ("2pass", "seq", "2pass_triton", "triton_grads", "approx_exp")]
@@ -534,7 +556,33 @@ def markdown(rows, header):
                          "ours vs peer", invert=True)
     lines += ratio_lines("Cost of LION, its time / our causal op's time (bound: 2).", COSTS,
                          "LION vs causal", invert=False)
-    return "\n".join(lines)
+    return "\n".join(lines + targets(rows, index, lengths))
+
+
+def targets(rows, index, lengths):
+    """Markdown lines: each of ``TARGETS`` per D and L where both sides ran, its ratio with
+    "(miss)" where it misses the bound; [] where none ran."""
+    lines = ["", "Targets (speed: the fastest peer's time / ours, at least the bound; cost: "
+             "ours / our causal op's, at most the bound; a miss is marked).", "",
+             "| target | pass | D | bound | " + " | ".join(f"L={L}" for L in lengths) + " |",
+             "|---|---|---|---|" + "---|" * len(lengths)]
+    for label, ours, peers, kind, bound, only in TARGETS:
+        for D in sorted({r["D"] for r in rows}):
+            cells = []
+            for L in lengths:
+                mine = index.get((ours, kind, D, L))
+                times = [index[p, kind, D, L]["ms"] for p in peers if (p, kind, D, L) in index]
+                if mine is None or not times or only not in (None, L):
+                    cells.append("-")
+                    continue
+                ratio = min(times) / mine["ms"] if bound > 0 else mine["ms"] / min(times)
+                met = ratio >= bound if bound > 0 else ratio <= -bound
+                cells.append(f"{ratio:.2f}" + ("" if met else " (miss)"))
+            if any(c != "-" for c in cells):
+                sign = ">=" if bound > 0 else "<="
+                lines.append(f"| {label} | {kind} | {D} | {sign} {abs(bound)} | "
+                             + " | ".join(cells) + " |")
+    return lines if len(lines) > 5 else []
 
 
 def plot(rows, path):
@@ -581,7 +629,12 @@ def main():
                              "for one op exactly (default: all)")
     parser.add_argument("--resume", action="store_true",
                         help="keep --out's rows from this machine and measure the rest")
+    parser.add_argument("--acceptance", action="store_true",
+                        help="the ops, lengths and head dims of the kernels' targets (TARGETS)")
     args = parser.parse_args()
+    if args.acceptance:
+        args.lengths, args.dims, args.ops = (",".join(map(str, ACCEPTANCE[key]))
+                                             for key in ("lengths", "dims", "ops"))
     lengths = [4096, 16384] if args.quick else [int(x) for x in args.lengths.split(",")]
     dims = [64] if args.quick else [int(x) for x in args.dims.split(",")]
     reps = 5 if args.quick else args.reps

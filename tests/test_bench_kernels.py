@@ -106,6 +106,29 @@ def test_traced_under_switches_the_settings(name):
             in bench_kernels.markdown(rows, "# test"))
 
 
+def test_targets_mark_the_misses():
+    """The targets table: speed ratios against the fastest peer, LION's cost against our
+    causal op, cuDNN only at 16K; a ratio beyond its bound is marked "(miss)"; --acceptance
+    times every op the targets name."""
+    times = {("pallas_causal_2pass", "fwd"): 1.0, ("jla_simple_gla", "fwd"): 0.8,
+             ("pallas_causal_2pass", "fwd+bwd"): 2.0, ("jla_simple_gla", "fwd+bwd"): 2.5,
+             ("fla_simple_gla_gamma", "fwd+bwd"): 4.0, ("fla_linear_attn", "fwd+bwd"): 2.9,
+             ("pallas_lion_2pass", "fwd+bwd"): 3.0, ("cudnn_full", "fwd+bwd"): 40.0}
+    rows = [dict(op=op, kind=kind, L=L, D=64, ms=ms, mib=None)
+            for (op, kind), ms in times.items() for L in (4096, 16384)]
+    table = bench_kernels.markdown(rows, "# test")
+    assert "| causal vs jla simple_gla | fwd | 64 | >= 1.0 | 0.80 (miss) | 0.80 (miss) |" in table
+    assert "| causal vs jla simple_gla | fwd+bwd | 64 | >= 1.2 | 1.25 | 1.25 |" in table
+    # the faster FLA kernel: 2.9 / 2.0
+    assert ("| causal vs FLA's fastest | fwd+bwd | 64 | >= 1.5 | 1.45 (miss) | 1.45 (miss) |"
+            in table)
+    assert "| LION normalised / our causal | fwd+bwd | 64 | <= 1.6 | 1.50 | 1.50 |" in table
+    assert "| LION normalised vs cuDNN | fwd+bwd | 64 | >= 10.0 | - | 13.33 |" in table
+    assert "per-feature" not in table.split("Targets")[1]  # neither side ran
+    named = {op for _, ours, peers, *_ in bench_kernels.TARGETS for op in (ours, *peers)}
+    assert {op[:-1] for op in bench_kernels.ACCEPTANCE["ops"]} == named
+
+
 def test_resume_keeps_this_machines_rows(tmp_path, monkeypatch, capsys):
     """``--resume``: rows of an earlier call on this machine (same boot, device and settings)
     are kept and not measured again; rows of another machine or other settings are not."""
