@@ -50,8 +50,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.chunk_scan import crossing_sums, mask_rows, spread_through
 from pallas_kernels.mosaic_causal import layout_reason
 from pallas_kernels.mosaic_states import _TILE16
-from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, compiler_params,
-                                        rows_and_columns, rows_of, tile_iota)
+from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
+                                        compiler_params, rows_of, tile_iota)
 from pallas_kernels.two_pass import WALK_BLOCK_V, runs_until, walk_backend
 
 # Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
@@ -151,6 +151,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
     dtype, f32 = q_ref.dtype, jnp.float32
     tile = (chunk, chunk)
     rows_i, cols_j = tile_iota(tile, 0), tile_iota(tile, 1)
+    causal = rows_i >= cols_j
 
     def step(idx, q_s, k_s, v_s, do_s, a_s, ea_s, et_s, a_cols_s, h_s, dh_s, *, p_s, dp_s,
              outs):
@@ -160,9 +161,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
         dq_s, dk_s, dv_s, sums_s, inner_s = (buf.at[slot] for buf in outs)
 
         s, grad_w = score_products(q_s, k_s, do_s, v_s)
-        a_i, a_j = rows_and_columns(a_s, a_cols_s, tile)
-        # exponents <= 0 where kept: no overflow at any decay
-        decay = jnp.where(rows_i >= cols_j, jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
+        decay = causal_mask(a_s, a_cols_s, causal)
         p = s * decay
         x = jnp.where(rows_i > cols_j, p * grad_w, 0.0)
         p_s[...] = p.astype(dtype)

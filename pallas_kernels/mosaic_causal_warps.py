@@ -71,8 +71,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
 from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, layout_reason
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
-from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, compiler_params,
-                                        rows_and_columns, rows_of, tile_iota)
+from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
+                                        compiler_params, rows_of, tile_iota)
 
 # Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64 and 128; on one
 # H100, 2026-12-07, 4 at Kp = 64 took 9 % longer and 2 at 128 12 %: docs/benchmarks.md).
@@ -241,9 +241,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             def operands(slot, s):
                 """W (s masked by exp(A_i - A_j)) and Q e^A, in the input dtype, as the y
                 wgmmas take them."""
-                a_i, a_j = rows_and_columns(rows_buf.at[slot, 0], rows_buf.at[slot, 3], s.shape)
-                # exponents <= 0 where kept: no overflow at any decay
-                w = jnp.where(causal, s * jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
+                w = s * causal_mask(rows_buf.at[slot, 0], rows_buf.at[slot, 3], causal)
                 q = plgpu.load(q_buf.at[slot], layout=WGMMA).astype(f32)
                 eh = rows_of(plgpu.load(rows_buf.at[slot, 1], layout=ROWS), q.shape)
                 w_op, q_op = w.astype(dtype), (q * eh).astype(dtype)

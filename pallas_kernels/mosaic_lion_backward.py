@@ -51,7 +51,7 @@ from pallas_kernels.mosaic_causal_backward import (SUMS, TARGET_PROGRAMS, chunk_
 from pallas_kernels.mosaic_causal import layout_reason
 from pallas_kernels.mosaic_states import _TILE16
 from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of,
-                                        compiler_params, rows_and_columns, rows_of,
+                                        compiler_params, lion_mask, rows_of,
                                         tile_iota)
 from pallas_kernels.two_pass import runs_until
 
@@ -102,8 +102,7 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, rows_ref, ru_ref, h_ref, dh_ref, z_ref,
         col = lambda ref, shape: cols_of(plgpu.load(ref, layout=COLS), shape)
 
         s, grad = score_products(q_s, k_s, dy_s, v_s)
-        a_i, a_j = rows_and_columns(a_s, a_cols_s, tile)
-        mask = jnp.exp(-jnp.abs(a_i - a_j))
+        mask = lion_mask(a_s, a_cols_s, tile)
         w = s * mask
         if normalize:
             r_s, u_s, zf_s, zb_s, dzf_s, dzb_s = norm_s

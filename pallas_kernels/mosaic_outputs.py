@@ -46,7 +46,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.chunk_scan import mask_rows
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
 from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of,
-                                        compiler_params, rows_and_columns, rows_of)
+                                        compiler_params, lion_mask, rows_of)
 from pallas_kernels.two_pass import runs_until
 
 # V columns per program: [Kp, BV] tiles of both states for 2 pipeline steps fit in shared
@@ -125,8 +125,7 @@ def _kernel(q_ref, k_ref, v_ref, rows_ref, h_ref, z_ref, m_ref, *out_refs, chunk
             return acc[...]
 
         s = pl.run_scoped(scores, plgpu.ACC((chunk, chunk), f32))
-        a_i, a_j = rows_and_columns(a_s, a_cols_s, s.shape)  # A_i on row i, A_j on column j
-        w = s * jnp.exp(-jnp.abs(a_i - a_j))
+        w = s * lion_mask(a_s, a_cols_s, s.shape)
         q = plgpu.load(q_s, layout=WGMMA).astype(f32)
         qf = (q * rows_of(plgpu.load(eh_s, layout=ROWS), q.shape)).astype(dtype)
         qb = (q * rows_of(plgpu.load(et_s, layout=ROWS), q.shape)).astype(dtype)

@@ -1,8 +1,8 @@
 """Register-tile helpers shared by the Mosaic GPU chunk kernels (``mosaic_outputs.py``,
 ``mosaic_causal.py``, ``mosaic_causal_warps.py``, ``mosaic_causal_backward.py``,
 ``mosaic_lion_backward.py``): one warpgroup's tiles in the WGMMA layout, vectors broadcast
-along their rows or columns, the decay rows the kernels read per chunk, and their compiler
-parameters."""
+along their rows or columns, the decay rows the kernels read per chunk, the two masks built
+from them (causal, LION), and the kernels' compiler parameters."""
 
 import jax.numpy as jnp
 from jax import lax
@@ -36,6 +36,21 @@ def rows_and_columns(x_s, x_cols_s, shape):
     GPU, jax 0.11.2, takes no row- and column-indexed broadcasts of one load)."""
     return (rows_of(plgpu.load(x_s, layout=ROWS), shape),
             cols_of(plgpu.load(x_cols_s, layout=COLS), shape))
+
+
+def causal_mask(a_s, a_cols_s, causal):
+    """A chunk's per-token causal decays ``exp(A_i - A_j)`` where ``causal`` (a bool tile,
+    ``i >= j`` or ``i > j``) keeps them, else 0, from its cumulative log-decays A on the rows
+    (``a_s``) and the columns (``a_cols_s``, :func:`rows_and_columns`). Every kept exponent is
+    at most 0: no overflow at any decay."""
+    a_i, a_j = rows_and_columns(a_s, a_cols_s, causal.shape)
+    return jnp.where(causal, jnp.exp(jnp.minimum(a_i - a_j, 0.0)), 0.0)
+
+
+def lion_mask(a_s, a_cols_s, shape):
+    """A chunk's LION decays ``exp(-|A_i - A_j|)`` (both orders), ``shape`` ``[C, C]``."""
+    a_i, a_j = rows_and_columns(a_s, a_cols_s, shape)
+    return jnp.exp(-jnp.abs(a_i - a_j))
 
 
 def compiler_params(**kw):
