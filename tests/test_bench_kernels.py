@@ -76,16 +76,11 @@ def test_traced_under_switches_the_settings(name):
     kernels' approximate exp) and leave the defaults in place afterwards, also after an
     error; the report sets them against jla or, where jla has no such op (normalised LION),
     against the default op."""
-    import importlib
     settings = bench_kernels.SETTINGS[name]
     assert name in bench_kernels.jax_cases(quick=False)
 
     def now():
-        def value(key):
-            module, _, attr = key.rpartition(".")
-            return getattr(importlib.import_module(
-                f"pallas_kernels.{module or 'linear_attention'}"), attr)
-        return {key: value(key) for key in settings}
+        return {key: getattr(*bench_kernels.setting_place(key)) for key in settings}
     defaults = now()
     assert defaults != settings
     seen = []
