@@ -1,0 +1,174 @@
+"""Interleaved A/B of ``pallas_kernels`` settings: is a variant faster than the default, by more
+than the default differs from itself?
+
+    python -m experiments.ab_settings --op pallas_causal_2pass --dims 64,128 \
+        --variant approx:mosaic_tiles.APPROX_MATH=True \
+        --variant 'both:mosaic_tiles.APPROX_MATH=True,GRADS_KERNEL="triton"' \
+        [--length 16384] [--batch 4] [--heads 16] [--rounds 15] [--out workdir/ab_settings]
+
+``bench_kernels`` times one row after another, so a row measures the op and also the state
+of the machine while it ran (clocks, what ran before it): two rows of the same program have
+differed by 10% there (one H100, 2026-12-07). Here each variant, and the default twice
+("default" and "default again", traced and compiled separately), is compiled first
+(``jax.jit(...).lower(...).compile()`` under its settings, :func:`traced_under`); then
+``--rounds`` rounds each time every variant once, in turn (a sample: 5 calls back to back and
+one wait for the device, as ``bench_kernels.time_jax``). The table gives each variant's
+median and interquartile range over the rounds and its median over the default's; the
+default-again ratio is the spread a difference must beat. A variant is
+``NAME:SETTING=VALUE[,SETTING=VALUE...]``, settings as ``bench_kernels.setting_place`` names
+them (``NAME`` of ``linear_attention`` or ``module.NAME``), values Python literals. The op is
+one of ``bench_kernels.jax_cases``' (per-token log-decays ``[B, L, H]``; the per-feature op
+draws its own), forward and forward + backward. Writes results.json, results.md and
+results.png (each variant's ratio with the spread) under --out.
+"""
+
+import argparse
+import ast
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.bench_kernels import inputs, jax_cases, machine, setting_place, traced_under
+
+
+def parse_variant(text):
+    """``"NAME:SETTING=VALUE,..."`` -> ``(name, {setting: value})``; a ValueError names what
+    is wrong."""
+    name, sep, body = text.partition(":")
+    if not sep or not name or not body:
+        raise ValueError(f"--variant {text!r}: write NAME:SETTING=VALUE[,SETTING=VALUE...]")
+    settings = {}
+    for item in body.split(","):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--variant {text!r}: {item!r} is not SETTING=VALUE")
+        try:
+            module, attr = setting_place(key.strip())
+        except ImportError as e:
+            raise ValueError(f"--variant {text!r}: no module for {key!r} ({e})") from None
+        if not hasattr(module, attr):
+            raise ValueError(f"--variant {text!r}: {module.__name__} has no setting {attr!r}")
+        try:
+            settings[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--variant {text!r}: {value!r} is not a Python literal (quote "
+                             "strings: LAYOUT=\"wide\")") from None
+    return name, settings
+
+
+def compiled(fn, args, settings):
+    """``fn`` jitted, lowered and compiled under ``settings``, run once."""
+    with traced_under(settings):
+        exe = jax.jit(fn).lower(*args).compile()
+        jax.block_until_ready(exe(*args))
+    return exe
+
+
+def interleaved(exes, args, rounds, inner=5):
+    """{name: [ms per call, one per round]}: every round times each executable in turn."""
+    times = {name: [] for name in exes}
+    for _ in range(rounds):
+        for name, exe in exes.items():
+            start = time.perf_counter()
+            jax.block_until_ready([exe(*args) for _ in range(inner)])
+            times[name].append((time.perf_counter() - start) / inner * 1e3)
+    return times
+
+
+def summary(times, **keys):
+    """Rows of one A/B: median, quartiles and the ratio of medians to "default"."""
+    base = statistics.median(times["default"])
+    rows = []
+    for name, ts in times.items():
+        q25, med, q75 = np.percentile(ts, [25, 50, 75])
+        rows.append(dict(keys, variant=name, ms=float(med), q25=float(q25), q75=float(q75),
+                         ratio=float(med / base), rounds=len(ts)))
+    return rows
+
+
+def markdown(rows, header):
+    lines = [header, "", "| op | D | pass | variant | median ms | IQR ms | / default |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['D']} | {r['kind']} | {r['variant']} | {r['ms']:.3f} "
+                     f"| {r['q25']:.3f} to {r['q75']:.3f} | {r['ratio']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({(r["D"], r["kind"]) for r in rows})
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4), squeeze=False)
+    for ax, (D, kind) in zip(axes[0], groups):
+        sel = [r for r in rows if (r["D"], r["kind"]) == (D, kind)]
+        spread = max(abs(r["ratio"] - 1) for r in sel if r["variant"] == "default again")
+        ax.axhspan(1 - spread, 1 + spread, color="grey", alpha=0.3, label="default's spread")
+        ax.bar([r["variant"] for r in sel], [r["ratio"] for r in sel])
+        ax.set(title=f"{sel[0]['op']}, D={D}, {kind}", ylabel="median / default")
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--op", default="pallas_causal_2pass")
+    parser.add_argument("--variant", action="append", default=[])
+    parser.add_argument("--dims", default="64")
+    parser.add_argument("--length", type=int, default=16384)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--out", default="workdir/ab_settings")
+    args = parser.parse_args(argv)
+    try:
+        variants = dict([("default", {}), ("default again", {})]
+                        + [parse_variant(v) for v in args.variant])
+    except ValueError as e:
+        parser.error(str(e))
+    if len(variants) < 2 + len(args.variant):
+        parser.error("--variant: two variants share a name (or use 'default')")
+    cases = jax_cases(quick=False)
+    if args.op not in cases:
+        parser.error(f"--op {args.op!r}: not an op of bench_kernels.jax_cases; one of "
+                     + ", ".join(sorted(n for n in cases if n.startswith("pallas"))))
+    fn = cases[args.op]
+    os.makedirs(args.out, exist_ok=True)
+    rows, rng = [], np.random.default_rng()
+    for D in (int(d) for d in args.dims.split(",")):
+        q, k, v, dy, g = inputs(args.batch, args.length, args.heads, D, rng)
+        q, k, v, dy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
+        operands = (q, k, v, jnp.asarray(g))
+
+        def fwd_bwd(q, k, v, g, dy=dy):
+            out, vjp = jax.vjp(fn, q, k, v, g)
+            return out, vjp(dy)
+
+        for kind, f in (("fwd", fn), ("fwd+bwd", fwd_bwd)):
+            exes = {name: compiled(f, operands, s) for name, s in variants.items()}
+            times = interleaved(exes, operands, args.rounds)
+            for r in summary(times, op=args.op, D=D, kind=kind, L=args.length):
+                rows.append(r)
+                print(f"{r['op']} D={D} {kind:7s} {r['variant']:16s} {r['ms']:8.3f} ms "
+                      f"(IQR {r['q25']:.3f} to {r['q75']:.3f})  x{r['ratio']:.3f}", flush=True)
+    header = (f"{machine()}, B {args.batch}, L {args.length}, H {args.heads}, bf16, "
+              f"{args.rounds} interleaved rounds; variants: "
+              + "; ".join(f"{n} {s}" for n, s in variants.items() if s))
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(dict(header=header, rows=rows), f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(markdown(rows, header))
+    plot(rows, os.path.join(args.out, "results.png"))
+    print(markdown(rows, header))
+
+
+if __name__ == "__main__":
+    main()
