@@ -24,9 +24,9 @@ the same rounded tiles::
 
 (``dqt = M kt``, ``dkt = M^T qt``; the sums run over the chunk's tokens s). The kernel sums
 the first three within the chunk (one float32 cumsum over its tokens) and writes the fourth's
-row sums; XLA adds that to every token of the chunk. The two walks that give S and D run over the chunks as
-the forward's does (``per_feature.chunk_states_per_feature``; D in reverse), and S and D are
-rounded to the input dtype for the products. S is the forward's own where the op kept it
+row sums; XLA adds that to every token of the chunk. The two walks that give S and D run over
+the chunks as the forward's does (``per_feature.chunk_states_per_feature``; D in reverse), and
+S and D are rounded to the input dtype for the products. S is the forward's own where the op kept it
 (``states``: the three passes' chunk states, ``linear_attention._causal_fwd``), so only D's
 walk remains.
 
