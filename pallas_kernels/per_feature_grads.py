@@ -58,18 +58,20 @@ from pallas_kernels.per_feature import chunk_states_per_feature, leaving_states
 NUM_WARPS = 4
 
 
-def _kernel(q_ref, k_ref, v_ref, dy_ref, b_ref, s_ref, d_ref, dq_ref, dk_ref, dv_ref, dg_ref,
+def _kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, s_ref, d_ref, dq_ref, dk_ref, dv_ref, dg_ref,
             cross_ref):
     """One (b, n, h): the chunk's gradients, d log_decay's first three sums (``dg``; module
-    docstring) and the fourth's inner products (``cross``); tiles ``[C, Kp]``, ``[C, Vp]``,
-    states ``[Kp, Vp]``."""
+    docstring) and the fourth's inner products (``cross``); tiles ``[C, Kp]``, ``[C, Vp]``
+    (``g``: the chunk's float32 log-decays, of which ``b`` is the cumsum), states ``[Kp,
+    Vp]``."""
     f32 = jnp.float32
     dtype = q_ref.dtype
     q, k = q_ref[...].astype(f32), k_ref[...].astype(f32)
     v, dy = v_ref[...], dy_ref[...]
-    b = b_ref[...]
+    b = jnp.cumsum(g_ref[...], axis=0)
     C = b.shape[0]
-    last = b_ref[pl.ds(C - 1, 1), :]  # [1, Kp]
+    rows = jnp.arange(C)[:, None]
+    last = jnp.sum(jnp.where(rows == C - 1, b, 0.0), axis=0, keepdims=True)  # b's last row
     qt = (q * jnp.exp(b)).astype(dtype)
     kt = (k * jnp.exp(-b)).astype(dtype)
     kg = (k * jnp.exp(last - b)).astype(dtype)
@@ -126,8 +128,7 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=N
                                               reverse=True)
     leaving = leaving_states(queries, g, C)  # D_n
     ds0 = None if s0 is None else first
-    b = jnp.cumsum(g.reshape(B, N, C, H, K), axis=2).reshape(B, L, H, K)
-    q, k, b = (_pad_last(x, kp) for x in (q, k, b))
+    q, k, g_padded = (_pad_last(x, kp) for x in (q, k, g))
     v, dy = (_pad_last(x, vp) for x in (v, dy))
     s, d = (jnp.pad(x.astype(dtype), ((0, 0),) * 3 + ((0, kp - K), (0, vp - V)))
             for x in (states, leaving))
@@ -143,7 +144,7 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=N
         out_specs=[spec for _, _, spec in outs],
         out_shape=[jax.ShapeDtypeStruct(shape, dt) for shape, dt, _ in outs],
         compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
-        interpret=interpret, name="per_feature_grads")(q, k, v, dy, b, s, d)
+        interpret=interpret, name="per_feature_grads")(q, k, v, dy, g_padded, s, d)
     d_log_decay = (dg[..., :K].reshape(B, N, C, H, K)
                    + jnp.swapaxes(cross[..., :K], 1, 2)[:, :, None])
     return (dq[..., :K], dk[..., :K], dv[..., :V], d_log_decay.reshape(B, L, H, K), ds0)
