@@ -22,9 +22,11 @@ the same rounded tiles::
                   + sum_{s < t} (kg (v D^T))_s                 queries after it
                   + e^(b_C) rowsum(S * D)                      keys before, queries after
 
-(``dqt = M kt``, ``dkt = M^T qt``). The two walks that give S and D run over the chunks as
-the forward's does (``per_feature.chunk_states_per_feature``; D in reverse), and S and D are
-rounded to the input dtype for the products. S is the forward's own where the op kept it
+(``dqt = M kt``, ``dkt = M^T qt``; the sums run over the chunk's tokens s). The kernel sums
+the first three within the chunk (one float32 cumsum over its tokens) and writes the fourth's
+row sums; XLA adds that to every token of the chunk. The two walks that give S and D run over
+the chunks as the forward's does (``per_feature.chunk_states_per_feature``; D in reverse), and
+S and D are rounded to the input dtype for the products. S is the forward's own where the op kept it
 (``states``: the three passes' chunk states, ``linear_attention._causal_fwd``), so only D's
 walk remains.
 
@@ -50,23 +52,26 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _next_pow2, reverse_cumsum
+from pallas_kernels.chunk_scan import _next_pow2
 from pallas_kernels.per_feature import chunk_states_per_feature, leaving_states
 
 NUM_WARPS = 4
 
 
-def _kernel(q_ref, k_ref, v_ref, dy_ref, b_ref, s_ref, d_ref, dq_ref, dk_ref, dv_ref, t1_ref,
-            t2_ref, cross_ref):
-    """One (b, n, h): the chunk's gradients and d log_decay's per-token terms (module
-    docstring); tiles ``[C, Kp]``, ``[C, Vp]``, states ``[Kp, Vp]``."""
+def _kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, s_ref, d_ref, dq_ref, dk_ref, dv_ref, dg_ref,
+            cross_ref):
+    """One (b, n, h): the chunk's gradients, d log_decay's first three sums (``dg``; module
+    docstring) and the fourth's inner products (``cross``); tiles ``[C, Kp]``, ``[C, Vp]``
+    (``g``: the chunk's float32 log-decays, of which ``b`` is the cumsum), states ``[Kp,
+    Vp]``."""
     f32 = jnp.float32
     dtype = q_ref.dtype
     q, k = q_ref[...].astype(f32), k_ref[...].astype(f32)
     v, dy = v_ref[...], dy_ref[...]
-    b = b_ref[...]
+    b = jnp.cumsum(g_ref[...], axis=0)
     C = b.shape[0]
-    last = b_ref[pl.ds(C - 1, 1), :]  # [1, Kp]
+    rows = jnp.arange(C)[:, None]
+    last = jnp.sum(jnp.where(rows == C - 1, b, 0.0), axis=0, keepdims=True)  # b's last row
     qt = (q * jnp.exp(b)).astype(dtype)
     kt = (k * jnp.exp(-b)).astype(dtype)
     kg = (k * jnp.exp(last - b)).astype(dtype)
@@ -82,8 +87,12 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, b_ref, s_ref, d_ref, dq_ref, dk_ref, dv
     dk_ref[...] = (jnp.exp(-b) * dkt + jnp.exp(last - b) * k_inter).astype(dk_ref.dtype)
     dv_ref[...] = (pltriton.dot(p, dy, trans_a=True) + pltriton.dot(kg, d)).astype(dv_ref.dtype)
     qt, kt, kg = qt.astype(f32), kt.astype(f32), kg.astype(f32)
-    t1_ref[...] = qt * dqt - kt * dkt + qt * q_inter
-    t2_ref[...] = kg * k_inter
+    suffix_terms = qt * dqt - kt * dkt + qt * q_inter  # summed over s >= t
+    prefix_terms = kg * k_inter  # summed over s < t
+    # both sums from one inclusive cumsum (Triton has no reverse one): sum_{s >= t} x_s =
+    # total(x) - cumsum(x)_t + x_t and sum_{s < t} y_s = cumsum(y)_t - y_t
+    dg_ref[...] = (jnp.sum(suffix_terms, axis=0, keepdims=True) + suffix_terms - prefix_terms
+                   + jnp.cumsum(prefix_terms - suffix_terms, axis=0))
     cross_ref[...] = jnp.exp(last) * jnp.sum(s.astype(f32) * d.astype(f32), axis=1)[None]
 
 
@@ -119,8 +128,7 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=N
                                               reverse=True)
     leaving = leaving_states(queries, g, C)  # D_n
     ds0 = None if s0 is None else first
-    b = jnp.cumsum(g.reshape(B, N, C, H, K), axis=2).reshape(B, L, H, K)
-    q, k, b = (_pad_last(x, kp) for x in (q, k, b))
+    q, k, g_padded = (_pad_last(x, kp) for x in (q, k, g))
     v, dy = (_pad_last(x, vp) for x in (v, dy))
     s, d = (jnp.pad(x.astype(dtype), ((0, 0),) * 3 + ((0, kp - K), (0, vp - V)))
             for x in (states, leaving))
@@ -129,20 +137,14 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=N
     state = pl.BlockSpec((None, None, None, kp, vp), lambda b, n, h: (b, h, n, 0, 0))
     row = pl.BlockSpec((None, None, 1, kp), lambda b, n, h: (b, h, n, 0))
     outs = [(q.shape, dtype, tok_k), (k.shape, dtype, tok_k), (v.shape, dtype, tok_v),
-            (q.shape, jnp.float32, tok_k), (q.shape, jnp.float32, tok_k),
-            ((B, H, N, kp), jnp.float32, row)]
-    dq, dk, dv, t1, t2, cross = pl.pallas_call(
+            (q.shape, jnp.float32, tok_k), ((B, H, N, kp), jnp.float32, row)]
+    dq, dk, dv, dg, cross = pl.pallas_call(
         _kernel, grid=(B, N, H),
         in_specs=[tok_k, tok_k, tok_v, tok_v, tok_k, state, state],
         out_specs=[spec for _, _, spec in outs],
         out_shape=[jax.ShapeDtypeStruct(shape, dt) for shape, dt, _ in outs],
         compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
-        interpret=interpret, name="per_feature_grads")(q, k, v, dy, b, s, d)
-
-    def in_chunks(x):
-        return x[..., :K].reshape(B, N, C, H, K)
-    t1, t2 = in_chunks(t1), in_chunks(t2)
-    suffix = reverse_cumsum(t1, axis=2)
-    prefix = jnp.cumsum(t2, axis=2) - t2
-    d_log_decay = suffix + prefix + jnp.swapaxes(cross[..., :K], 1, 2)[:, :, None]
+        interpret=interpret, name="per_feature_grads")(q, k, v, dy, g_padded, s, d)
+    d_log_decay = (dg[..., :K].reshape(B, N, C, H, K)
+                   + jnp.swapaxes(cross[..., :K], 1, 2)[:, :, None])
     return (dq[..., :K], dk[..., :K], dv[..., :V], d_log_decay.reshape(B, L, H, K), ds0)
