@@ -23,7 +23,8 @@ the same rounded tiles::
                   + e^(b_C) rowsum(S * D)                      keys before, queries after
 
 (``dqt = M kt``, ``dkt = M^T qt``). The two walks that give S and D run over the chunks as
-the forward's does (``per_feature.chunk_states_per_feature``; D in reverse), and S and D are
+the forward's does (``per_feature.chunk_states_per_feature``; D in reverse, from the last
+chunk, with no flip of the tokens), and S and D are
 rounded to the input dtype for the products. S is the forward's own where the op kept it
 (``states``: the three passes' chunk states, ``linear_attention._causal_fwd``), so only D's
 walk remains.
@@ -51,7 +52,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _next_pow2, reverse_cumsum
-from pallas_kernels.per_feature import chunk_states_per_feature, leaving_states
+from pallas_kernels.per_feature import chunk_states_per_feature
 
 NUM_WARPS = 4
 
@@ -114,10 +115,10 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=N
     kp, vp = _next_pow2(max(K, 16)), _next_pow2(max(V, 16))
     if states is None:
         states, _ = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=interpret)
-    # the queries' states, by the reverse walk of (q, dy); its end state is d s0
-    queries, first = chunk_states_per_feature(q, dy, g, d_state, chunk=C, interpret=interpret,
+    # the queries' states leaving each chunk (D_n), by the reverse walk of (q, dy); its end
+    # state is d s0
+    leaving, first = chunk_states_per_feature(q, dy, g, d_state, chunk=C, interpret=interpret,
                                               reverse=True)
-    leaving = leaving_states(queries, g, C)  # D_n
     ds0 = None if s0 is None else first
     b = jnp.cumsum(g.reshape(B, N, C, H, K), axis=2).reshape(B, L, H, K)
     q, k, b = (_pad_last(x, kp) for x in (q, k, b))
