@@ -92,25 +92,31 @@ def _segment_sums(a, mask):
     return pltriton.dot(mask.astype(jnp.float32), a, precision=_EXACT)
 
 
-def _prefix_kernel(u_ref, d_ref, s0_ref, s_in_ref, s_ref, *, num_chunks):
+def _prefix_kernel(u_ref, d_ref, s0_ref, s_in_ref, s_ref, *, num_chunks, reverse):
     """Pass B, one (b, h, K-block, V-block): u, s_in ``[N, BK, BV]`` (aliased); d ``[N, dk, dv]``
     chunk decay factors with dk in {1, BK}, dv in {1, BV}; s0, s ``[BK, BV]`` (s0_ref may be
-    None). The walk is latency-bound, so each step loads the next chunk's u and d before it
-    stores and updates (a read of n + 1 before the write of n, safe with the aliasing)."""
-    def body(n, carry):
+    None); ``reverse``: the chunks from the last. The walk is latency-bound, so each step loads
+    the next chunk's u and d before it stores and updates (a read of the next chunk before the
+    write of this one, safe with the aliasing)."""
+    chunk_at = (lambda step: num_chunks - 1 - step) if reverse else (lambda step: step)
+
+    def body(step, carry):
         state, update, factor = carry
-        following = jnp.minimum(n + 1, num_chunks - 1)
+        following = chunk_at(jnp.minimum(step + 1, num_chunks - 1))
         next_update, next_factor = u_ref[following], d_ref[following]
-        s_in_ref[n] = state
+        s_in_ref[chunk_at(step)] = state
         return factor * state + update, next_update, next_factor
 
     state = (jnp.zeros(s_ref.shape, jnp.float32) if s0_ref is None
              else s0_ref[...].astype(jnp.float32))
-    s_ref[...] = jax.lax.fori_loop(0, num_chunks, body, (state, u_ref[0], d_ref[0]))[0]
+    last = chunk_at(0)
+    s_ref[...] = jax.lax.fori_loop(0, num_chunks, body, (state, u_ref[last], d_ref[last]))[0]
 
 
-def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_warps=4):
-    """Pass B: the state entering each chunk and the final state.
+def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_warps=4,
+                  reverse=False):
+    """Pass B: the state entering each chunk (``reverse``: from the right, walking the chunks
+    from the last) and the final state.
 
     The state's entries are independent walks (the chunk factors act elementwise), so the
     programs split it into ``block_k x block_v`` tiles: one (b, h, K-block, V-block) each.
@@ -122,7 +128,8 @@ def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_w
         (``exp`` of its summed log-decays), dk in {1, Kp} and dv in {1, Vp}.
       initial_state: None or ``[B, H, Kp, Vp]`` float32.
     Returns:
-      ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])`` float32; s_in reuses u's buffer.
+      ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])`` float32 (s_in[n]: the state before
+      chunk n's contribution; final: after every chunk's); s_in reuses u's buffer.
     """
     B, H, N, kp, vp = u.shape
     dk, dv = decay.shape[-2:]
@@ -133,7 +140,7 @@ def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_w
         lambda b, h, i, j: (b, h, 0, 0 if dk == 1 else i, 0 if dv == 1 else j))
     state_spec = pl.BlockSpec((None, None, bk, bv), lambda b, h, i, j: (b, h, i, j))
     return pl.pallas_call(
-        functools.partial(_prefix_kernel, num_chunks=N),
+        functools.partial(_prefix_kernel, num_chunks=N, reverse=reverse),
         grid=(B, H, kp // bk, vp // bv),
         in_specs=[chunks_spec, decay_spec, None if initial_state is None else state_spec],
         out_specs=[chunks_spec, state_spec],
@@ -146,11 +153,13 @@ def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_w
     )(u, decay, initial_state)
 
 
-def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision):
+def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision, head):
     """Pass A, one (b, h, n, V-block): u = (K * exp(tail))^T V (key) or K^T (V * exp(tail)),
     ``tail_j = sum_{s > j} a_s``: for a chunk of mild decay the difference of the chunk's sum
     and its cumulative sums (exponents in [-FAST_RANGE, 0], off by ~ulp(FAST_RANGE)), else
-    each segment summed on its own (an exact float32 product of a 0/1 mask)."""
+    each segment summed on its own (an exact float32 product of a 0/1 mask). ``head`` (the
+    reverse walk's contributions): ``exp(head)`` in place of ``exp(tail)``, ``head_j = sum_{s
+    <= j} a_s``, the chunk's inclusive cumulative sums (no difference: every chunk alike)."""
     a = g_ref[...].astype(jnp.float32)
 
     def write(tail):
@@ -165,6 +174,9 @@ def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision):
         idx = jnp.arange(a.shape[0])
         write(_segment_sums(a, idx[None, :] > idx[:, None]))
 
+    if head:
+        write(jnp.cumsum(a, axis=0))
+        return
     if not _fast(k_ref.dtype):
         exact()
         return
@@ -326,9 +338,12 @@ def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict
         o_ref[rows, :] = out.astype(o_ref.dtype)
 
 
-def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision, interpret):
+def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision, interpret,
+                   reverse=False):
     """Passes A and B on padded inputs: ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])``
-    float32, the state entering each chunk and the one after the last."""
+    float32, the state entering each chunk and the one after the last (``reverse``: the state
+    leaving each chunk, of the tokens after it, and the one before the first, both decayed
+    through the token they reach)."""
     B, L, H, _ = k.shape
     N = L // chunk
     grid = (B, H, N, vp // bv)
@@ -336,7 +351,7 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
     state_spec = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, n, j: (b, h, n, 0, j))
     u = pl.pallas_call(
-        functools.partial(_states_kernel, on_key=on_key, precision=precision),
+        functools.partial(_states_kernel, on_key=on_key, precision=precision, head=reverse),
         grid=grid, in_specs=[k_spec, v_spec, k_spec if on_key else v_spec],
         out_specs=state_spec, out_shape=jax.ShapeDtypeStruct((B, H, N, kp, vp), jnp.float32),
         compiler_params=params, interpret=interpret, name="chunk_states_per_feature",
@@ -345,7 +360,8 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
     decay = jnp.exp(jnp.sum(g.reshape(B, N, chunk, H, -1), axis=2)).transpose(0, 2, 1, 3)
     decay = decay[..., :, None] if on_key else decay[..., None, :]
     s0 = None if s0 is None else pad_state(s0, kp, vp)
-    return prefix_states(u, decay, s0, block_k=PREFIX_BLOCK_K, block_v=bv, interpret=interpret)
+    return prefix_states(u, decay, s0, block_k=PREFIX_BLOCK_K, block_v=bv, interpret=interpret,
+                         reverse=reverse)
 
 
 def _reversed(log_decay):
@@ -490,30 +506,28 @@ def chunk_states_per_feature(k, v, log_decay, initial_state=None, *, chunk=64,
                              interpret=False, precision=None, reverse=False):
     """The key-decay scan's states only (passes A and B, no outputs).
 
-    Args: k ``[B, L, H, K]``, v ``[B, L, H, V]``, log_decay ``[B, L, H, K]``, initial_state,
-    precision and reverse as for :func:`chunk_scan_per_feature` (decay_on="key"). Returns
-    ``(states [B, H, N, K, V], final [B, H, K, V])`` float32, ``states`` as that function's
-    ``return_states`` and ``final`` as its final state (reverse: decayed by token 0's decay).
+    Args: k ``[B, L, H, K]``, v ``[B, L, H, V]``, log_decay ``[B, L, H, K]``, initial_state
+    and precision as for :func:`chunk_scan_per_feature` (decay_on="key"). Returns ``(states
+    [B, H, N, K, V], final [B, H, K, V])`` float32: forward, ``states`` as that function's
+    ``return_states`` and ``final`` as its final state; ``reverse``, walking the chunks from
+    the last with no flip of the tokens, the states *leaving* each chunk n, ``sum_{j > end}
+    diag(exp(A_j - A_end)) k_j v_j^T`` plus the initial state decayed to the chunk's end (the
+    initial state itself for the last chunk; :func:`leaving_states` of that function's
+    reverse states), and ``final`` the state before token 0 decayed through it, ``sum_j
+    diag(exp(A_j)) k_j v_j^T`` plus the decayed initial state.
     """
-    if reverse:
-        flip = functools.partial(jnp.flip, axis=1)
-        states, final = chunk_states_per_feature(
-            flip(k), flip(v), _reversed(log_decay), initial_state, chunk=chunk,
-            interpret=interpret, precision=precision)
-        first = jnp.exp(log_decay[:, 0].astype(jnp.float32))  # the decay entering token 0
-        return jnp.flip(states, axis=2), final * first[..., None]
     K, V = k.shape[-1], v.shape[-1]
     _, k, v, kp, bv, vp, exact, params = pad_layout(k, k, v, 64, None, 2)
     precision = exact if precision is None else precision
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp)
     s_in, state = _padded_states(k, v, g, initial_state, on_key=True, chunk=chunk, bv=bv,
                                  kp=kp, vp=vp, params=params, precision=precision,
-                                 interpret=interpret)
+                                 interpret=interpret, reverse=reverse)
     return s_in[..., :K, :V], state[:, :, :K, :V]
 
 
 def leaving_states(reverse_states, log_decay, chunk):
-    """The reverse key-decay scan's states (:func:`chunk_states_per_feature` with
+    """The reverse key-decay scan's states (:func:`chunk_scan_per_feature`'s with
     ``reverse=True``, ``[B, H, N, K, V]``: decays to token ``(n + 1) C``) decayed by one token
     more, to the end of chunk n: ``sum_{j > end} diag(exp(A_j - A_end)) k_j v_j^T`` (plus the
     decayed initial state)."""

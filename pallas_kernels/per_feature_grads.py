@@ -25,8 +25,9 @@ the same rounded tiles::
 (``dqt = M kt``, ``dkt = M^T qt``; the sums run over the chunk's tokens s). The kernel sums
 the first three within the chunk (one float32 cumsum over its tokens) and writes the fourth's
 row sums; XLA adds that to every token of the chunk. The two walks that give S and D run over
-the chunks as the forward's does (``per_feature.chunk_states_per_feature``; D in reverse), and
-S and D are rounded to the input dtype for the products. S is the forward's own where the op kept it
+the chunks as the forward's does (``per_feature.chunk_states_per_feature``; D in reverse, from
+the last chunk, with no flip of the tokens), and S and D are
+rounded to the input dtype for the products. S is the forward's own where the op kept it
 (``states``: the three passes' chunk states, ``linear_attention._causal_fwd``), so only D's
 walk remains.
 
@@ -53,7 +54,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import _next_pow2
-from pallas_kernels.per_feature import chunk_states_per_feature, leaving_states
+from pallas_kernels.per_feature import chunk_states_per_feature
 
 NUM_WARPS = 4
 
@@ -123,10 +124,10 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=N
     kp, vp = _next_pow2(max(K, 16)), _next_pow2(max(V, 16))
     if states is None:
         states, _ = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=interpret)
-    # the queries' states, by the reverse walk of (q, dy); its end state is d s0
-    queries, first = chunk_states_per_feature(q, dy, g, d_state, chunk=C, interpret=interpret,
+    # the queries' states leaving each chunk (D_n), by the reverse walk of (q, dy); its end
+    # state is d s0
+    leaving, first = chunk_states_per_feature(q, dy, g, d_state, chunk=C, interpret=interpret,
                                               reverse=True)
-    leaving = leaving_states(queries, g, C)  # D_n
     ds0 = None if s0 is None else first
     q, k, g_padded = (_pad_last(x, kp) for x in (q, k, g))
     v, dy = (_pad_last(x, vp) for x in (v, dy))

@@ -801,16 +801,21 @@ def test_per_feature_scan_states(rng):
     states, final = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=True)
     check_close([states, final], [np.stack(forward, axis=2), S], jnp.float32,
                 ["states", "final"])
-    # reverse: the end state decayed by token 0's decay, as chunk_scan_per_feature's
+    # reverse: the states leaving each chunk (decayed by the next chunk's first token) and
+    # the end state decayed by token 0's
+    leaving = [np.exp(g64[:, (n + 1) * C])[..., None] * x for n, x in enumerate(reverse[:-1])]
     states, final = chunk_states_per_feature(k, v, g, s0, chunk=C, interpret=True, reverse=True)
-    check_close([states, final], [np.stack(reverse, axis=2), np.exp(g64[:, 0])[..., None] * R],
+    check_close([states, final],
+                [np.stack(leaving + reverse[-1:], axis=2), np.exp(g64[:, 0])[..., None] * R],
                 jnp.float32, ["reverse states", "reverse final"])
 
 
-@pytest.mark.parametrize("on_key,with_s0", [(True, True), (False, False)])
-def test_prefix_states_tiles(rng, on_key, with_s0):
+@pytest.mark.parametrize("on_key,with_s0,reverse", [(True, True, False), (False, False, False),
+                                                     (True, True, True)])
+def test_prefix_states_tiles(rng, on_key, with_s0, reverse):
     """per_feature.prefix_states split into 16 x 16 tiles of a 32 x 32 state (key or value
-    decay factors, with or without an initial state, odd chunk count) against a float64 walk."""
+    decay factors, with or without an initial state, odd chunk count, from the first chunk or
+    the last) against a float64 walk."""
     from pallas_kernels.per_feature import prefix_states
     B, H, N, Kp, Vp = 2, 3, 5, 32, 32
     u = rng.standard_normal((B, H, N, Kp, Vp)).astype(np.float32)
@@ -818,12 +823,12 @@ def test_prefix_states_tiles(rng, on_key, with_s0):
     s0 = rng.standard_normal((B, H, Kp, Vp)).astype(np.float32) if with_s0 else None
     states = np.zeros((B, H, N, Kp, Vp))
     S = np.zeros((B, H, Kp, Vp)) if s0 is None else s0.astype(np.float64)
-    for n in range(N):
+    for n in reversed(range(N)) if reverse else range(N):
         states[:, :, n] = S
         S = decay[:, :, n] * S + u[:, :, n]
     got = prefix_states(jnp.asarray(u), jnp.asarray(decay, jnp.float32),
                         None if s0 is None else jnp.asarray(s0), block_k=16, block_v=16,
-                        interpret=True)
+                        interpret=True, reverse=reverse)
     check_close(got, [states, S], jnp.float32, ["states", "final"])
 
 
