@@ -33,9 +33,10 @@ for dq, dk, dv, written from the equations above):
 (float32; ``chunk_scan.crossing_sums``: pairs with one end in the chunk, pairs inside it, and
 the keys before and queries after the chunk, through its whole decay: the kernel writes
 ``rowsum(h * dh)`` from the state tiles it holds, ``chunk_scan.spread_through`` decays and
-spreads their sums in XLA, so no XLA pass reads the state arrays again). Measured on an H200 (B4 H16 bf16, L = 16K, states kept):
-the backward took 0.97 ms at D = 64 (0.77 with the reverse cumsum) and 1.79 ms at D = 128
-(2.59: computing the inter terms one at a time also freed registers).
+spreads their sums in XLA, so no XLA pass reads the state arrays again). Measured on an H200
+(B4 H16 bf16, L = 16K, states kept): the backward took 0.97 ms at D = 64 (0.77 with the
+reverse cumsum) and 1.79 ms at D = 128 (2.59: computing the inter terms one at a time also
+freed registers).
 
 Eight matmuls per chunk instead of twelve in three separate scans, one read of the inputs, and
 one serial state walk (two when the forward states are recomputed) instead of three. The
