@@ -31,10 +31,12 @@ for dq, dk, dv, written from the equations above):
                  + exp(sum(a)) <h, dh>,     X = (Q K^T) * (dO V^T) * D below the diagonal
 
 (float32; ``chunk_scan.crossing_sums``: pairs with one end in the chunk, pairs inside it, and
-``chunk_scan.through_terms`` in XLA after the kernel: the keys before and queries after the
-chunk, through its whole decay). Measured on an H200 (B4 H16 bf16, L = 16K, states kept):
-the backward took 0.97 ms at D = 64 (0.77 with the reverse cumsum) and 1.79 ms at D = 128
-(2.59: computing the inter terms one at a time also freed registers).
+the keys before and queries after the chunk, through its whole decay: the kernel writes
+``rowsum(h * dh)`` from the state tiles it holds, ``chunk_scan.spread_through`` decays and
+spreads their sums in XLA, so no XLA pass reads the state arrays again). Measured on an H200
+(B4 H16 bf16, L = 16K, states kept): the backward took 0.97 ms at D = 64 (0.77 with the
+reverse cumsum) and 1.79 ms at D = 128 (2.59: computing the inter terms one at a time also
+freed registers).
 
 Eight matmuls per chunk instead of twelve in three separate scans, one read of the inputs, and
 one serial state walk (two when the forward states are recomputed) instead of three. The
@@ -52,7 +54,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (crossing_sums, intra_decay, pad_state, pair_balance,
-                                       through_terms)
+                                       spread_through)
 from pallas_kernels.mosaic_causal_backward import grads_mosaic, takes_mosaic
 from pallas_kernels.mosaic_causal_backward import supported as mosaic_grads_reason
 from pallas_kernels.two_pass import backward_layout
@@ -61,13 +63,18 @@ MAX_DIM = 128
 # float32 tiles take twice the shared memory: at head dims 96/80 the float32 kernel asked for
 # 272 KiB of the H100's 227 (measured), so float32 takes head dims up to 64.
 MAX_DIM_F32 = 64
+# Rows of the state tiles per slice of the gradients kernel's rowsum(h * dh).
+INNER_ROWS = 32
 
 
 def _grads_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref,
-                  dg_ref, *, precision):
+                  dg_ref, inner_ref, *, precision):
     """One (b, h, n): q, k, dq, dk ``[C, Kp]``; v, do, dv ``[C, Vp]``; g, dg ``[C]``;
     h, dh ``[Kp, Vp]`` (forward state entering the chunk, reverse state leaving it); dg the
-    chunk's d log_decay but the pairs spanning the whole chunk (``chunk_scan.crossing_sums``)."""
+    chunk's d log_decay but the pairs spanning the whole chunk (``chunk_scan.crossing_sums``);
+    inner ``[Kp]`` float32, ``rowsum(h * dh)``, for those pairs (``chunk_scan.spread_through``)
+    from the tiles the kernel holds, in slices of ``INNER_ROWS`` rows (fewer registers than
+    the whole tile at Kp = 128)."""
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     dtype, f32 = q.dtype, jnp.float32
     a = g_ref[...].astype(f32)
@@ -87,6 +94,11 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, g_ref, h_ref, dh_ref, dq_ref, dk_
     dk_ref[...] = (dot(dp, q, trans_a=True) + dk_inter).astype(dk_ref.dtype)
     dv_ref[...] = (dot(p, do, trans_a=True) + dot(k, dh) * tail_w).astype(dv_ref.dtype)
     dg_ref[...] = crossing_sums(before, after)
+    rows = min(INNER_ROWS, h_ref.shape[0])
+    for start in range(0, h_ref.shape[0], rows):
+        part = pl.ds(start, rows)
+        inner_ref[part] = jnp.sum(h_ref[part, :].astype(f32) * dh_ref[part, :].astype(f32),
+                                  axis=1)
 
 
 def supported(k_dim, v_dim, dtype):
@@ -139,16 +151,17 @@ def causal_backward(q, k, v, log_decay, initial_state, dy, d_state, h=None, *,
             q, k, v, do, g, h, dh, chunk=chunk,
             interpret=plgpu.InterpretGPUParams() if interpret else None)
     else:
-        dq, dk, dv, dlog_decay = _triton_grads(q, k, v, do, g, h, dh, chunk=chunk,
-                                               precision=precision, params=params,
-                                               interpret=interpret)
-        dlog_decay = dlog_decay + through_terms([(h, dh)], g, chunk)
+        dq, dk, dv, dlog_decay, inner = _triton_grads(q, k, v, do, g, h, dh, chunk=chunk,
+                                                      precision=precision, params=params,
+                                                      interpret=interpret)
+        dlog_decay = dlog_decay + spread_through(inner, g, chunk)
     return dq[..., :K], dk[..., :K], dv[..., :V], dlog_decay, ds0
 
 
 def _triton_grads(q, k, v, do, g, h, dh, *, chunk, precision, params, interpret):
-    """The Triton gradients kernel over every chunk: ``(dq, dk, dv, dlog_decay)`` padded as
-    the inputs, dlog_decay without the pairs spanning a whole chunk."""
+    """The Triton gradients kernel over every chunk: ``(dq, dk, dv, dlog_decay, inner)``, the
+    gradients padded as the inputs, dlog_decay without the pairs spanning a whole chunk,
+    inner ``[B, H, N]`` float32 their ``<h, dh>`` per chunk."""
     B, L, H, _ = q.shape
     kp, vp = q.shape[-1], v.shape[-1]
     dtype = q.dtype
@@ -156,14 +169,17 @@ def _triton_grads(q, k, v, do, g, h, dh, *, chunk, precision, params, interpret)
     v_spec = pl.BlockSpec((None, chunk, None, vp), lambda b, h, n: (b, n, h, 0))
     row_spec = pl.BlockSpec((None, chunk, None), lambda b, h, n: (b, n, h))
     h_spec = pl.BlockSpec((None, None, None, kp, vp), lambda b, h, n: (b, h, n, 0, 0))
-    dq, dk, dv, dlog_decay = pl.pallas_call(
+    inner_spec = pl.BlockSpec((None, None, kp), lambda b, h, n: (b, h, n))
+    N = L // chunk
+    dq, dk, dv, dlog_decay, inner = pl.pallas_call(
         functools.partial(_grads_kernel, precision=precision),
         grid=(B, H, L // chunk),
         in_specs=[qk_spec, qk_spec, v_spec, v_spec, row_spec, h_spec, h_spec],
-        out_specs=[qk_spec, qk_spec, v_spec, row_spec],
+        out_specs=[qk_spec, qk_spec, v_spec, row_spec, inner_spec],
         out_shape=[jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct(k.shape, dtype),
                    jax.ShapeDtypeStruct(v.shape, dtype),
-                   jax.ShapeDtypeStruct((B, L, H), jnp.float32)],
+                   jax.ShapeDtypeStruct((B, L, H), jnp.float32),
+                   jax.ShapeDtypeStruct((B, H, N * kp), jnp.float32)],
         compiler_params=params, interpret=interpret, name="causal_backward",
     )(q, k, v, do, g, h, dh)
-    return dq, dk, dv, dlog_decay
+    return dq, dk, dv, dlog_decay, jnp.sum(inner.reshape(B, H, N, kp), axis=-1)
