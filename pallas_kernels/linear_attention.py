@@ -104,14 +104,17 @@ CAUSAL_FORWARD = "auto"
 # from 1.279 to 1.040 ms and LION's (normalised) from 2.078 to 1.818 (docs/benchmarks.md).
 # Read when the op is traced; `python -m experiments.bench_kernels` times both
 # (pallas_causal_2pass and pallas_lion_2pass, the defaults, against
-# pallas_causal_triton_grads and pallas_lion_triton_grads).
+# pallas_causal_triton_grads and pallas_lion_triton_grads). Above Kp 64 the Triton kernel is
+# the faster: 14 % ahead of a Mosaic GPU layout for Kp 128 (one H100, 2026-12-07,
+# docs/benchmarks.md, "Interleaved A/Bs").
 GRADS_KERNEL = "auto"
 # The causal forward of per-feature decay: "three_passes" (per_feature.chunk_scan_per_feature:
 # chunk states, their walk, the outputs) or "fused" (chunk_scan_per_feature(fused=True): one
 # Mosaic GPU kernel, mosaic_causal.py, where every chunk is mild, bf16 on Hopper or in the
-# interpreter, picked at run time; the three passes otherwise). "three_passes" until the fused
-# kernel is timed: `python -m experiments.bench_kernels` times both (pallas_causal_per_feature
-# and pallas_causal_per_feature_fused). Read when the op is traced.
+# interpreter, picked at run time; the three passes otherwise). "three_passes": the fused
+# kernel is slower (one H100, 2026-12-07, B 4, H 16, L 4K, D 64, bf16: forward 0.522 ms against
+# 0.487); `python -m experiments.bench_kernels` times both (pallas_causal_per_feature and
+# pallas_causal_per_feature_fused). Read when the op is traced.
 PER_FEATURE_FORWARD = "three_passes"
 # Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
 # padded features of q and k add exact zeros to every q . k, the padded value columns give

@@ -411,8 +411,8 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
         given), on a Hopper GPU or in the interpreter, whose every chunk is mild (each
         feature's log-decays summing to at least ``-FAST_RANGE``), runs as one Mosaic GPU
         kernel (``mosaic_causal.py``: the states walk and the outputs in GLA's one-product
-        form) instead of the three passes, picked at run time by ``lax.cond``. Off by default
-        until it has been compiled and timed on a Hopper GPU.
+        form) instead of the three passes, picked at run time by ``lax.cond``. Off by default:
+        slower than the three passes on an H100 (``linear_attention.PER_FEATURE_FORWARD``).
     Returns:
       ``(o [B, L, H, V] out_dtype, final state [B, H, K, V] float32)``, with
       ``return_states`` also ``states [B, H, N, K, V]`` float32 (N = L / chunk): forward,
