@@ -6,20 +6,20 @@ than the default differs from itself?
         --variant 'both:mosaic_tiles.APPROX_MATH=True,GRADS_KERNEL="triton"' \
         [--length 16384] [--batch 4] [--heads 16] [--rounds 15] [--out workdir/ab_settings]
 
-``bench_kernels`` times one row after another, so a row measures the op and also the state
-of the machine while it ran (clocks, what ran before it): two rows of the same program have
-differed by 10% there (one H100, 2026-12-07). Here each variant, and the default twice
-("default" and "default again", traced and compiled separately), is compiled first
-(``jax.jit(...).lower(...).compile()`` under its settings, :func:`traced_under`); then
+Any settings of one op, given on the command line (``bench_kernels`` has a fixed row per
+setting), timed beside the default twice: "default" and "default again", traced and compiled
+separately, whose ratio is the spread a difference must beat (two rows of one program timed
+one after the other have differed by 10%: one H100, 2026-12-07). Each variant is compiled
+first under its settings (``bench_kernels.prepared_jax`` inside :func:`traced_under`); then
 ``--rounds`` rounds each time every variant once, in turn (a sample: 5 calls back to back and
-one wait for the device, as ``bench_kernels.time_jax``). The table gives each variant's
-median and interquartile range over the rounds and its median over the default's; the
-default-again ratio is the spread a difference must beat. A variant is
-``NAME:SETTING=VALUE[,SETTING=VALUE...]``, settings as ``bench_kernels.setting_place`` names
-them (``NAME`` of ``linear_attention`` or ``module.NAME``), values Python literals. The op is
-one of ``bench_kernels.jax_cases``' (per-token log-decays ``[B, L, H]``; the per-feature op
-draws its own), forward and forward + backward. Writes results.json, results.md and
-results.png (each variant's ratio with the spread) under --out.
+one wait for the device), as ``bench_kernels`` times the ops of a shape. The table gives each
+variant's median and interquartile range over the rounds and its median over the default's. A
+variant is ``NAME:SETTING=VALUE[,SETTING=VALUE...]``, settings as
+``bench_kernels.setting_place`` names them (``NAME`` of ``linear_attention`` or
+``module.NAME``), values Python literals. The op is one of ``bench_kernels.jax_cases``'
+(per-token log-decays ``[B, L, H]``; the per-feature op draws its own), forward and forward +
+backward. Writes results.json, results.md and results.png (each variant's ratio with the
+spread) under --out.
 """
 
 import argparse
@@ -27,13 +27,13 @@ import ast
 import json
 import os
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench_kernels import inputs, jax_cases, machine, setting_place, traced_under
+from experiments.bench_kernels import (inputs, jax_cases, machine, prepared_jax, setting_place,
+                                       traced_under)
 
 
 def parse_variant(text):
@@ -61,22 +61,18 @@ def parse_variant(text):
     return name, settings
 
 
-def compiled(fn, args, settings):
-    """``fn`` jitted, lowered and compiled under ``settings``, run once."""
+def prepared(fn, args, settings):
+    """``bench_kernels.prepared_jax``'s sample of ``fn`` compiled under ``settings``."""
     with traced_under(settings):
-        exe = jax.jit(fn).lower(*args).compile()
-        jax.block_until_ready(exe(*args))
-    return exe
+        return prepared_jax(fn, args)[0]
 
 
-def interleaved(exes, args, rounds, inner=5):
-    """{name: [ms per call, one per round]}: every round times each executable in turn."""
-    times = {name: [] for name in exes}
+def interleaved(samples, rounds):
+    """{name: [ms per call, one per round]}: every round takes a sample of each in turn."""
+    times = {name: [] for name in samples}
     for _ in range(rounds):
-        for name, exe in exes.items():
-            start = time.perf_counter()
-            jax.block_until_ready([exe(*args) for _ in range(inner)])
-            times[name].append((time.perf_counter() - start) / inner * 1e3)
+        for name, sample in samples.items():
+            times[name].append(sample())
     return times
 
 
@@ -153,8 +149,8 @@ def main(argv=None):
             return out, vjp(dy)
 
         for kind, f in (("fwd", fn), ("fwd+bwd", fwd_bwd)):
-            exes = {name: compiled(f, operands, s) for name, s in variants.items()}
-            times = interleaved(exes, operands, args.rounds)
+            samples = {name: prepared(f, operands, s) for name, s in variants.items()}
+            times = interleaved(samples, args.rounds)
             for r in summary(times, op=args.op, D=D, kind=kind, L=args.length):
                 rows.append(r)
                 print(f"{r['op']} D={D} {kind:7s} {r['variant']:16s} {r['ms']:8.3f} ms "

@@ -35,16 +35,21 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             causal-only library builds it (``lion_jax.ops._utils.bidirectional_from_causal``)
   cuDNN     jax.nn.dot_product_attention(..., implementation="cudnn"), causal and not
   XLA       lion_jax.ops.*(impl="chunk") (skipped with a note when missing)
-Every side is timed the same way: median of ``--reps`` samples after warm-up, each sample the
-mean of 5 back-to-back calls with one wait for the device at the end (``time_jax``,
-``time_torch``). Memory: XLA's compiled temp + output bytes for JAX, the peak allocated above
-the inputs for torch. Prints a table of times,
-the speed ratios against the peers and LION's cost against our causal op (its acceptance bound
-is 2x), each of the kernels' speed targets (``TARGETS``) with its misses marked, and writes
-results.json, results.md and results.png under --out (rewritten after every row, so a timeout
-keeps what was measured). ``--acceptance`` times the ops of the targets at L = 4K, 16K, 32K and
-D = 64, 128 (with ``--resume`` over several calls on one machine).
-``--deadline`` stops starting new measurements once that many seconds have passed;
+Every side is timed the same way, one shape at a time: every (op, pass) of the shape is
+compiled and warmed up first, then ``--reps`` rounds each take one sample of every one in turn
+(a sample: 5 back-to-back calls with one wait for the device at the end; ``prepared_jax``,
+``prepared_torch``), and a row is the median of its samples (results.json also keeps the
+quartiles). Interleaving puts a change of the machine's state during the run on every op alike:
+timed one row after another, two rows of one program differed by 10% (one H100, 2026-12-07).
+Memory: XLA's compiled temp + output bytes for JAX, the peak allocated above the inputs for
+torch. Prints a table of times, the speed ratios against the peers and LION's cost against our
+causal op (its acceptance bound is 2x), each of the kernels' speed targets (``TARGETS``) with
+its misses marked, and writes results.json, results.md and results.png under --out (rewritten
+after every shape, so a timeout keeps what was measured). ``--acceptance`` times the ops of the
+targets at L = 4K, 16K, 32K and D = 64, 128 (with ``--resume`` over several calls on one
+machine).
+``--deadline`` stops compiling new measurements once that many seconds have passed (those
+compiled are still timed);
 ``--resume`` keeps the rows of --out's results.json when they come from this machine since its
 last boot (same device and settings) and measures only the missing ones, so that calls of a
 few minutes each on one machine build one table (the acceptance run: every peer at L = 4K,
@@ -71,49 +76,60 @@ import numpy as np  # noqa: E402
 import pallas_kernels  # noqa: E402
 
 
-def time_jax(fn, args, reps, inner=5):
-    """(median ms, compiled temp + output MiB) of a jitted function; prints the compile time.
-
-    Each of ``reps`` samples runs ``inner`` calls back to back and waits once, so the host's
-    wait for the device is not counted into every call (dispatch is asynchronous)."""
-    fn = jax.jit(fn)
+def prepared_jax(fn, args, inner=5):
+    """``(sample, MiB)`` of a function compiled for ``args`` (traced, compiled and run once
+    here, so under the settings in place now): ``sample()`` runs the compiled program
+    ``inner`` times back to back, waits for the device once and returns ms per call; MiB is
+    XLA's compiled temp + output bytes. Prints the compile time."""
     start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
+    exe = jax.jit(fn).lower(*args).compile()
+    jax.block_until_ready(exe(*args))
     print(f"  (first call incl. compile: {time.perf_counter() - start:.1f} s)", flush=True)
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
+    jax.block_until_ready(exe(*args))
+
+    def sample():
         start = time.perf_counter()
-        outs = [fn(*args) for _ in range(inner)]
-        jax.block_until_ready(outs)
-        times.append((time.perf_counter() - start) / inner)
-    mem = fn.lower(*args).compile().memory_analysis()
+        jax.block_until_ready([exe(*args) for _ in range(inner)])
+        return (time.perf_counter() - start) / inner * 1e3
+
+    mem = exe.memory_analysis()
     mib = None if mem is None else (mem.temp_size_in_bytes + mem.output_size_in_bytes) / 2**20
-    return statistics.median(times) * 1e3, mib
+    return sample, mib
 
 
-def time_torch(fn, reps, inner=5):
-    """(median ms, peak MiB above what was allocated before) of a torch callable, timed as
-    :func:`time_jax` times JAX: each of ``reps`` samples runs ``inner`` calls back to back and
-    synchronizes once."""
+def prepared_torch(fn, inner=5):
+    """``(sample, MiB)`` of a torch callable, as :func:`prepared_jax`: ``sample()`` runs it
+    ``inner`` times back to back and synchronizes once; MiB is the peak allocated above what
+    was allocated before, over one call. Prints the first call's time (autotuning)."""
     import torch
     start = time.perf_counter()
     fn()
     torch.cuda.synchronize()
     print(f"  (first call incl. autotune: {time.perf_counter() - start:.1f} s)", flush=True)
-    for _ in range(2):
-        fn()
+    fn()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(reps):
+    fn()
+    torch.cuda.synchronize()
+    mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    def sample():
         start = time.perf_counter()
         for _ in range(inner):
             fn()
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / inner)
-    return statistics.median(times) * 1e3, (torch.cuda.max_memory_allocated() - base) / 2**20
+        return (time.perf_counter() - start) / inner * 1e3
+
+    return sample, mib
+
+
+def time_jax(fn, args, reps, inner=5):
+    """(median ms, MiB) of ``reps`` samples of :func:`prepared_jax`: each sample runs
+    ``inner`` calls back to back and waits once, so the host's wait for the device is not
+    counted into every call (dispatch is asynchronous)."""
+    sample, mib = prepared_jax(fn, args, inner)
+    return statistics.median(sample() for _ in range(reps)), mib
 
 
 def causal_per_feature(q, k, v, g):
@@ -299,11 +315,17 @@ def resumed_rows(path, settings):
 
 def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None):
     """Measures every op (or those ``ops`` selects, see :func:`selected`) at one shape but
-    those rows already holds; appends to rows and calls save() after each row."""
+    those rows already holds, and appends their rows. Every (op, pass) is compiled and warmed
+    up first (:func:`prepared_jax`, :func:`prepared_torch`); then ``reps`` rounds each take
+    one sample of every one in turn, so that a change of the machine's state during the run
+    (clocks, what ran before) falls on all ops alike rather than on the rows timed during it.
+    A row holds the median and the quartiles of its samples. save() is called after."""
     q, k, v, dy, g = inputs(B, L, H, D, rng)
+    ready = []  # (name, kind, sample, MiB)
 
-    def measure(name, kind, timer):
-        """Times one (op, pass) with ``timer() -> (ms, MiB)``; False once time is up."""
+    def prepare(name, kind, preparer):
+        """Compiles and warms up one (op, pass) with ``preparer() -> (sample, MiB)``; False
+        once time is up."""
         if ops and not selected(name, ops):
             return True
         if any((r["op"], r["kind"], r["L"], r["D"]) == (name, kind, L, D) for r in rows):
@@ -311,14 +333,9 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
         if out_of_time():
             return False
         try:
-            ms, mib = timer()
+            ready.append((name, kind, *preparer()))
         except Exception as e:  # a baseline that does not run here is reported, not fatal
             print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
-            return True
-        rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, mib=mib))
-        print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms  {mib or 0:9.1f} MiB",
-              flush=True)
-        save()
         return True
 
     jq, jk, jv, jdy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
@@ -331,40 +348,52 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
             return out, vjp(jdy)
         return run
 
-    def timer(name, f):
-        def timed():
+    def jax_preparer(name, f):
+        def preparer():
             with (traced_under(SETTINGS[name]) if name in SETTINGS
                   else contextlib.nullcontext()):
-                return time_jax(f, (jq, jk, jv, jg), reps)
-        return timed
+                return prepared_jax(f, (jq, jk, jv, jg))
+        return preparer
 
-    for name, fn in jax_cases(quick).items():
-        fwd_bwd = with_grads(fn)
-        for kind, f in (("fwd", fn), ("fwd+bwd", fwd_bwd)):
-            if not measure(name, kind, timer(name, f)):
-                return
+    def prepare_all():
+        for name, fn in jax_cases(quick).items():
+            for kind, f in (("fwd", fn), ("fwd+bwd", with_grads(fn))):
+                if not prepare(name, kind, jax_preparer(name, f)):
+                    return
+        cases = torch_cases()
+        if not cases:
+            return
+        import torch
+        tq, tk, tv, tdy = (torch.tensor(x, dtype=torch.bfloat16, device="cuda")
+                           for x in (q, k, v, dy))
+        tg = torch.tensor(g, device="cuda")
+        gamma = torch.full((H,), -0.05, device="cuda")
+        for name, (fn, has_bwd) in cases.items():
+            leaves = [t.clone().requires_grad_(has_bwd) for t in (tq, tk, tv)]
 
-    cases = torch_cases()
-    if not cases:
-        return
-    import torch
-    tq, tk, tv, tdy = (torch.tensor(x, dtype=torch.bfloat16, device="cuda")
-                       for x in (q, k, v, dy))
-    tg = torch.tensor(g, device="cuda")
-    gamma = torch.full((H,), -0.05, device="cuda")
-    for name, (fn, has_bwd) in cases.items():
-        leaves = [t.clone().requires_grad_(has_bwd) for t in (tq, tk, tv)]
+            def fwd(fn=fn, leaves=leaves):
+                with torch.no_grad():
+                    fn(*leaves, tg, gamma)
 
-        def fwd(fn=fn, leaves=leaves):
-            with torch.no_grad():
-                fn(*leaves, tg, gamma)
+            def fwd_bwd(fn=fn, leaves=leaves):
+                fn(*leaves, tg, gamma).backward(tdy)
 
-        def fwd_bwd(fn=fn, leaves=leaves):
-            fn(*leaves, tg, gamma).backward(tdy)
+            for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd))[:2 if has_bwd else 1]:
+                if not prepare(name, kind, lambda f=f: prepared_torch(f)):
+                    return
 
-        for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd))[:2 if has_bwd else 1]:
-            if not measure(name, kind, lambda f=f: time_torch(f, reps)):
-                return
+    prepare_all()
+    times = [[] for _ in ready]
+    for _ in range(reps):
+        for (*_, sample, _), ts in zip(ready, times):
+            ts.append(sample())
+    for (name, kind, _, mib), ts in zip(ready, times):
+        q25, ms, q75 = (float(x) for x in np.percentile(ts, [25, 50, 75]))
+        rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, q25=q25, q75=q75, mib=mib))
+        print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms (IQR {q25:.3f} to "
+              f"{q75:.3f})  {mib or 0:9.1f} MiB", flush=True)
+    if ready:
+        save()
 
 
 def cross_check_with_fla(rng):

@@ -144,3 +144,33 @@ def test_resume_keeps_this_machines_rows(tmp_path, monkeypatch, capsys):
     assert bench_kernels.resumed_rows(str(path), settings) == []
     assert "differs in machine" in capsys.readouterr().out
     assert bench_kernels.resumed_rows(str(tmp_path / "none.json"), settings) == []
+
+
+def test_ops_of_a_shape_are_timed_in_interleaved_rounds(monkeypatch, rng):
+    """bench_shape compiles every (op, pass) first, then each round samples all of them in
+    turn; a row is the median of its op's samples, with the quartiles."""
+    events = []
+
+    def fake_prepared(fn, args, inner=5):
+        name = f"#{len([e for e in events if e[0] == 'prepare'])}"
+        events.append(("prepare", name))
+        value = iter(float(x) for x in rng.permutation(7) + 1)
+
+        def sample():
+            events.append(("sample", name))
+            return next(value)
+        return sample, 1.0
+
+    monkeypatch.setattr(bench_kernels, "prepared_jax", fake_prepared)
+    rows, saved = [], []
+    bench_kernels.bench_shape(1, 64, 1, 8, 7, np.random.default_rng(0), rows, False,
+                              lambda: False, lambda: saved.append(1),
+                              ["xla_chunk_causal$", "xla_chunk_lion$"])
+    kinds = [e[0] for e in events]
+    assert kinds == ["prepare"] * 4 + ["sample"] * 28  # 2 ops x 2 passes, 7 rounds
+    assert [e[1] for e in events[4:8]] == ["#0", "#1", "#2", "#3"] == [e[1] for e in events[-4:]]
+    assert [(r["op"], r["kind"]) for r in rows] == [
+        (op, kind) for op in ("xla_chunk_causal", "xla_chunk_lion") for kind in ("fwd", "fwd+bwd")]
+    for r in rows:  # samples 1..7 in some order: median 4, quartiles 2.5 and 5.5
+        assert (r["q25"], r["ms"], r["q75"], r["mib"]) == (2.5, 4.0, 5.5, 1.0), r
+    assert saved == [1]
