@@ -64,7 +64,8 @@ def profile(D, length, out_dir):
     import jax.numpy as jnp
 
     from pallas_kernels.mosaic_causal_warps import causal_forward_warps
-    from pallas_kernels.two_pass import FUSED_TARGET_PROGRAMS, runs_until
+    from pallas_kernels.chunk_scan import runs_until
+    from pallas_kernels.two_pass import FUSED_TARGET_PROGRAMS
     rng = np.random.default_rng(0)
     B, H = 4, 16
     q, k = (jnp.asarray(rng.standard_normal((B, length, H, D)) * D ** -0.5, jnp.bfloat16)

@@ -341,6 +341,20 @@ def mask_rows(g, chunk):
     return jnp.stack([a, jnp.exp(a), decay_factors(g, chunk, reverse=False)[0]])
 
 
+# Runs of chunks (runs_until) keep at least this many chunks each.
+MIN_RUN_CHUNKS = 8
+
+
+def runs_until(programs, num_chunks, target):
+    """The number of runs (a power of two dividing ``num_chunks``, at least ``MIN_RUN_CHUNKS``
+    chunks each) to cut the chunks into until ``programs * runs`` reaches ``target``."""
+    runs = 1
+    while (programs * runs < target and num_chunks % (2 * runs) == 0
+           and num_chunks // (2 * runs) >= MIN_RUN_CHUNKS):
+        runs *= 2
+    return runs
+
+
 def entering_states(ends, d, start, *, reverse):
     """The state entering each run, from each run's end state when walked from zero.
 

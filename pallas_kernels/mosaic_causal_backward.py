@@ -47,16 +47,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import crossing_sums, mask_rows, spread_through
+from pallas_kernels.chunk_scan import crossing_sums, mask_rows, runs_until, spread_through
 from pallas_kernels.mosaic_causal import layout_reason
 from pallas_kernels.mosaic_states import _TILE16
 from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
                                         compiler_params, rows_of, tile_iota)
-from pallas_kernels.two_pass import WALK_BLOCK_V, runs_until, walk_backend
+from pallas_kernels.two_pass import WALK_BLOCK_V, walk_backend
 
 # Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
 STAGES = 2
-# Cut the chunks into runs until there are this many programs (two_pass.runs_until).
+# Cut the chunks into runs until there are this many programs (chunk_scan.runs_until).
 TARGET_PROGRAMS = 512
 # Per-token sums written per chunk: rowsum(X) + the queries' states term, colsum(X), and
 # the keys' states term.

@@ -24,9 +24,10 @@ exponent is a difference of the chunk cumsum (off by about ulp(|A|) <= 1.2e-4 at
 per token, far below a 16-bit operand's 2^-9), so only 16-bit inputs are taken.
 
 Runs: with few programs (``B H Vp / BLOCK_V`` below ``two_pass.FUSED_TARGET_PROGRAMS``) the
-chunks are cut into ``splits`` runs: ``mosaic_states.walk_states`` walks each run from zero
-keeping only its end state, ``chunk_scan.entering_states`` gives the state entering each run
-(:func:`run_states`), and the kernel starts each run from its state.
+chunks are cut into ``splits`` runs, and the kernel starts each run from the state entering
+it (:func:`run_states`: ``mosaic_states.walk_states`` walks the chunks before the last run
+from zero in short runs, ``RUN_STATES_PROGRAMS``, keeping only their end states, and
+``chunk_scan.entering_states`` scans those).
 
 The work is split across three warpgroups of one program per (b, h, V-block j, run r):
 
@@ -68,7 +69,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import entering_states, mask_rows, stacked_decay_factors
+from pallas_kernels.chunk_scan import (entering_states, mask_rows, runs_until,
+                                       stacked_decay_factors)
 from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, layout_reason
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
 from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
@@ -79,6 +81,12 @@ from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
 STAGES = (3, 2)
 # Registers per thread: the memory warpgroup gives its share to the two computing ones.
 MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
+# Programs of the walk that gives the runs their entering states (:func:`run_states`): the
+# chunks before the last run walked in runs of N / runs_until(programs, N, this) chunks, so
+# the walk is short and reads its inputs at the memory's rate rather than along the chain of
+# two long runs. Read when the op is traced; ``experiments.ab_settings`` times it
+# (``mosaic_causal_warps.RUN_STATES_PROGRAMS``).
+RUN_STATES_PROGRAMS = 512
 
 
 def smem_bytes(chunk, kp, bv, itemsize, stages):
@@ -300,18 +308,27 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
 
 def run_states(k, v, g, s0, *, chunk, splits, interpret):
     """The state entering each of ``splits`` runs of chunks, ``[B, H, R, Kp, Vp]`` float32 (or
-    None: one run from zero): the runs walked from zero keeping their end states
-    (``mosaic_states.walk_states``), then scanned from ``s0`` (None or ``[B, H, Kp, Vp]``);
-    g the per-token log-decays ``[B, L, H]``."""
+    None: one run from zero); g the per-token log-decays ``[B, L, H]``, s0 None or ``[B, H,
+    Kp, Vp]``.
+
+    The chunks before the last run are walked from zero in shorter runs, as many as make
+    ``RUN_STATES_PROGRAMS`` programs over the whole sequence (``mosaic_states.walk_states``
+    keeping only their end states; the last run's chunks are not read, since no run starts
+    after it), then their ends are scanned from s0 (``chunk_scan.entering_states``) and the
+    states at the runs' starts kept."""
     N = k.shape[1] // chunk
     if splits < 1 or N % splits:
         raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
     if splits == 1:
         return None if s0 is None else s0[:, :, None]
+    programs = k.shape[0] * k.shape[2] * (v.shape[-1] // BLOCK_V)
+    walks = max(splits, runs_until(programs, N, RUN_STATES_PROGRAMS))
+    per_run = walks // splits
     w, d = stacked_decay_factors(g, chunk, (False,))
-    ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=splits, store=False,
-                       interpret=interpret)[0]
-    return entering_states(ends[0], d[0], s0, reverse=False)
+    ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=walks,
+                       runs=walks - per_run, store=False, interpret=interpret)[0][0]
+    ends = jnp.pad(ends, [(0, 0), (0, 0), (0, per_run), (0, 0), (0, 0)])  # the last run's
+    return entering_states(ends, d[0], s0, reverse=False)[:, :, ::per_run]
 
 
 def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,

@@ -44,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import mask_rows
+from pallas_kernels.chunk_scan import mask_rows, runs_until
 from pallas_kernels.mosaic_causal_backward import (SUMS, TARGET_PROGRAMS, chunk_inputs,
                                                    log_decay_grads, score_products,
                                                    store_outputs)
@@ -53,7 +53,6 @@ from pallas_kernels.mosaic_states import _TILE16
 from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of,
                                         compiler_params, lion_mask, rows_of,
                                         tile_iota)
-from pallas_kernels.two_pass import runs_until
 
 STAGES = 2
 

@@ -43,18 +43,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import mask_rows
+from pallas_kernels.chunk_scan import mask_rows, runs_until
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16
 from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, cols_of,
                                         compiler_params, lion_mask, rows_of)
-from pallas_kernels.two_pass import runs_until
 
 # V columns per program: [Kp, BV] tiles of both states for 2 pipeline steps fit in shared
 # memory at Kp = 128 only with BV = 64 (at 128 one step is 112 KiB of inputs).
 BLOCK_V = 64
 # Pipeline steps in flight (chunks loaded ahead of the one computed, plus that one).
 STAGES = 2
-# Cut the chunks into runs until there are this many programs (two_pass.runs_until).
+# Cut the chunks into runs until there are this many programs (chunk_scan.runs_until).
 TARGET_PROGRAMS = 256
 
 

@@ -351,10 +351,11 @@ def _walk_kernel(k_ref, v_ref, w_ref, d_ref, u_ref, s0_ref, z0_ref, *refs, chunk
 
 
 def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), splits=1,
-                store=True, stages=None, group=1, interpret=None, with_z=False, u=None,
-                z_method=None):
+                runs=None, store=True, stages=None, group=1, interpret=None, with_z=False,
+                u=None, z_method=None):
     """One launch of the Mosaic GPU kernel over ``splits`` runs of ``N / splits`` chunks in each
-    of ``directions`` (``(False,)``, ``(True,)`` or ``chunk_scan.BOTH``; ``D`` of them).
+    of ``directions`` (``(False,)``, ``(True,)`` or ``chunk_scan.BOTH``; ``D`` of them), or
+    over the first ``runs`` of them.
 
     Args:
       k: ``[B, L, H, Kp]``, v: ``[B, L, H, Vp]``; w: ``[D, B, H, L]`` float32 key factors, or
@@ -362,15 +363,18 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
         chunk decay factors (w and d as ``chunk_scan.stacked_decay_factors`` returns them);
         s0: None or ``[D, B, H, splits, Kp, Vp]`` float32, the state entering each run. Others
         as :func:`chunk_states_mosaic`.
+      runs: None (all ``splits``) or how many runs to walk, the first by position (chunks
+        ``0 ... runs N / splits - 1``; what a forward scan's later runs enter from), without
+        ``store``: the others' chunks are not read.
       store: also return the state entering every chunk.
       with_z: also walk ``z``; u: None (ones) or ``[B, H, L]`` float32 z weights; z0: None or
         ``[D, B, H, splits, Kp]`` float32, the z entering each run; z_method: as
         :func:`chunk_states_mosaic`.
     Returns:
-      ``[h [D, B, H, N, Kp, Vp] k.dtype,] ends [D, B, H, splits, Kp, Vp] float32`` (h when
-      ``store``): the state entering every chunk and the state each run ends with; with_z
-      ``[h, hz,] ends, zends`` with ``hz [D, B, H, N, Kp]`` and ``zends [D, B, H, splits, Kp]``
-      float32 (walked and stored by V-block 0 only).
+      ``[h [D, B, H, N, Kp, Vp] k.dtype,] ends [D, B, H, R, Kp, Vp] float32`` (h when
+      ``store``; R = runs or splits): the state entering every chunk and the state each run
+      ends with; with_z ``[h, hz,] ends, zends`` with ``hz [D, B, H, N, Kp]`` and ``zends
+      [D, B, H, R, Kp]`` float32 (walked and stored by V-block 0 only).
     """
     if (reason := supported(k, v, chunk, bv)) is not None:
         raise ValueError(reason)
@@ -390,6 +394,10 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
     if N % (splits * group):
         raise ValueError(f"splits * group must divide the number of chunks {N}; got "
                          f"{splits} * {group}")
+    runs = splits if runs is None else runs
+    if not 1 <= runs <= splits or (store and runs < splits):
+        raise ValueError(f"runs must be None or 1 ... splits = {splits}, and all of them with "
+                         f"store=True (the others' h would stay unwritten); got {runs}")
     n_pad = _n_pad(N)
     d = jnp.pad(d, ((0, 0), (0, 0), (0, 0), (0, n_pad - N)))
     d = d.reshape(D, B, H, n_pad // D_ROW, D_ROW)
@@ -399,9 +407,9 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
     if not 1 <= stages <= most:
         raise ValueError(f"{stages} pipeline stages of {group} chunks do not fit in shared "
                          f"memory (at most {most})")
-    out_type = [jax.ShapeDtypeStruct((D, B, H, splits, kp, vp), jnp.float32)]
+    out_type = [jax.ShapeDtypeStruct((D, B, H, runs, kp, vp), jnp.float32)]
     if with_z:
-        out_type.append(jax.ShapeDtypeStruct((D, B, H, splits, kp), jnp.float32))
+        out_type.append(jax.ShapeDtypeStruct((D, B, H, runs, kp), jnp.float32))
     if store:
         out_type[:0] = [jax.ShapeDtypeStruct((D, B, H, N, kp, vp), k.dtype)]
         if with_z:
@@ -413,7 +421,7 @@ def walk_states(k, v, w, d, s0, z0=None, *, chunk, bv, directions=(False,), spli
         out_type=tuple(out_type),
         scratch_types=(plgpu.SMEM((n_pad // D_ROW, D_ROW), jnp.float32),
                        plgpu.Barrier(num_barriers=1)),
-        grid=(D, B, H, vp // bv, splits), grid_names=tuple("ebhjr"),
+        grid=(D, B, H, vp // bv, runs), grid_names=tuple("ebhjr"),
         interpret=interpret,
     )
     return list(kernel(k, v, w, d, u, s0, z0))

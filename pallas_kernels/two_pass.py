@@ -39,7 +39,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_scan import (_pad_axis, chunk_output, fit_layout, pad_layout, pad_state,
-                                       stacked_decay_factors, walk_directions, walk_in_runs)
+                                       runs_until, stacked_decay_factors, walk_directions,
+                                       walk_in_runs)
 from pallas_kernels.mosaic_causal_warps import causal_forward_warps
 from pallas_kernels.mosaic_causal_warps import supported as fused_forward_reason
 from pallas_kernels.mosaic_states import chunk_states_mosaic
@@ -73,12 +74,11 @@ def output_block_v(k_dim, v_dim, dtype):
 
 
 # When the states kernel cuts the chunks into runs: only for states of at most
-# MAX_SPLIT_STATE entries, until TARGET_PROGRAMS programs, at least MIN_RUN_CHUNKS chunks per run.
+# MAX_SPLIT_STATE entries, until TARGET_PROGRAMS programs (chunk_scan.runs_until).
 # Measured on an H100 at L = 16K (docs/benchmarks.md): 64 x 64 states with 64 programs took
 # 0.53 ms unsplit and 0.43 ms in 8 runs; 128 x 64 and 128 x 128 states were fastest unsplit.
 MAX_SPLIT_STATE = 64 * 64
 TARGET_PROGRAMS = 512
-MIN_RUN_CHUNKS = 8
 # The Mosaic GPU walk (mosaic_states.py) splits, for any state size, until 64 programs: on an
 # H100 at L = 16K a 64 x 64 walk with 64 programs took 0.21 ms unsplit and 0.31 in 2 runs, one
 # with 8 programs 0.20 ms unsplit and 0.08-0.09 in 8 runs.
@@ -106,23 +106,13 @@ def fitted_chunk(chunk, kp, bv, dtype, state_bytes, return_states):
 
 def pick_splits(programs, num_chunks, state_entries, *, backend="triton"):
     """The number of runs (a power of two dividing ``num_chunks``) to cut the chunks into,
-    keeping at least ``MIN_RUN_CHUNKS`` chunks per run. Triton: 1 for states larger than
+    keeping at least ``chunk_scan.MIN_RUN_CHUNKS`` chunks per run. Triton: 1 for states larger than
     ``MAX_SPLIT_STATE``, else until ``programs * splits`` reaches ``TARGET_PROGRAMS``; Mosaic:
     until ``MOSAIC_TARGET_PROGRAMS``."""
     if backend != "mosaic" and state_entries > MAX_SPLIT_STATE:
         return 1
     return runs_until(programs, num_chunks,
                       MOSAIC_TARGET_PROGRAMS if backend == "mosaic" else TARGET_PROGRAMS)
-
-
-def runs_until(programs, num_chunks, target):
-    """The number of runs (a power of two dividing ``num_chunks``, at least ``MIN_RUN_CHUNKS``
-    chunks each) to cut the chunks into until ``programs * runs`` reaches ``target``."""
-    runs = 1
-    while (programs * runs < target and num_chunks % (2 * runs) == 0
-           and num_chunks // (2 * runs) >= MIN_RUN_CHUNKS):
-        runs *= 2
-    return runs
 
 
 def chunk_index(directions, axis):

@@ -180,6 +180,34 @@ def test_runs_agree(decay):
         assert rel_err(many[1], one[1]) <= (5e-3 if decay == "mild" else 1e-5)
 
 
+@pytest.mark.parametrize("programs", [1, 8, 4096])
+def test_run_states(programs, monkeypatch):
+    """The state entering each run: the chunks before the last run walked in shorter runs
+    (as many as make ``RUN_STATES_PROGRAMS`` programs: here the runs themselves, 4 walks or
+    16 of one chunk each), their ends scanned from s0; the float64 states at the runs' first
+    chunks, to the keys' 16-bit rounding. A walk of some runs stores no h."""
+    import sys
+
+    from pallas_kernels import mosaic_causal_warps, mosaic_states
+
+    chunk_scan = sys.modules["pallas_kernels.chunk_scan"]  # the package exports a function so named
+    monkeypatch.setattr(mosaic_causal_warps, "RUN_STATES_PROGRAMS", programs)
+    monkeypatch.setattr(chunk_scan, "MIN_RUN_CHUNKS", 1)
+    seed = int(np.random.default_rng().integers(2**31))
+    q, k, v, g = inputs(seed, 1, 1024, 2, 64, 64, jnp.bfloat16, "mild")
+    s0 = jnp.asarray(np.random.default_rng(seed).standard_normal((1, 2, 64, 64)), jnp.float32)
+    _, h, _ = reference(q, k, v, g, s0, 64)
+    for splits in (2, 4):
+        got = mosaic_causal_warps.run_states(k, v, g, s0, chunk=64, splits=splits,
+                                             interpret=INTERPRET)
+        assert got.shape == (1, 2, splits, 64, 64)
+        assert rel_err(got, h[:, :, ::16 // splits]) <= H_TOL, (seed, splits)
+    w, d = chunk_scan.stacked_decay_factors(g, 64, (False,))
+    with pytest.raises(ValueError, match="runs must be None or 1 ... splits = 4, and all"):
+        mosaic_states.walk_states(k, v, w, d, None, chunk=64, bv=64, splits=4, runs=2,
+                                  interpret=INTERPRET)
+
+
 def test_strongest_decay_no_nan():
     """log-decay -20 on every token: e^A underflows to 0 within a chunk, no inf or NaN."""
     q, k, v, _ = inputs(3, 1, 256, 2, 64, 64, jnp.bfloat16, "mild")
