@@ -46,8 +46,8 @@ torch. Prints a table of times, the speed ratios against the peers and LION's co
 causal op (its acceptance bound is 2x), each of the kernels' speed targets (``TARGETS``) with
 its misses marked, and writes results.json, results.md and results.png under --out (rewritten
 after every shape, so a timeout keeps what was measured). ``--acceptance`` times the ops of the
-targets at L = 4K, 16K, 32K and D = 64, 128 (with ``--resume`` over several calls on one
-machine).
+targets at L = 4K, 16K, 32K and D = 64, 128 (cuDNN's attention at 16K only, where its target
+is; with ``--resume`` over several calls on one machine).
 ``--deadline`` stops compiling new measurements once that many seconds have passed (those
 compiled are still timed);
 ``--resume`` keeps the rows of --out's results.json when they come from this machine since its
@@ -545,10 +545,15 @@ TARGETS = [
      2.0, None),
     ("LION normalised vs cuDNN", "pallas_lion_2pass", ("cudnn_full",), "fwd+bwd", ">=", 10.0,
      16384)]
-# --acceptance: the ops of TARGETS at these lengths and head dims
+# --acceptance: the ops of TARGETS at these lengths and head dims; an op that only targets
+# of one length name ("only": {op: L}) is timed at that length only
 ACCEPTANCE = dict(lengths=(4096, 16384, 32768), dims=(64, 128),
                   ops=sorted({f"{op}$" for _, ours, peers, *_ in TARGETS
                               for op in (ours, *peers)}))
+ACCEPTANCE["only"] = {
+    op: only.pop() for op in ACCEPTANCE["ops"]
+    if None not in (only := {t[-1] for t in TARGETS if op[:-1] in (t[1], *t[2])})
+    and len(only) == 1}
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op
 COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}")
          for a in ("2pass", "seq", "2pass_triton", "triton_grads", "approx_exp")]
@@ -668,6 +673,7 @@ def main():
     parser.add_argument("--acceptance", action="store_true",
                         help="the ops, lengths and head dims of the kernels' targets (TARGETS)")
     args = parser.parse_args()
+    only = ACCEPTANCE["only"] if args.acceptance else {}
     if args.acceptance:
         args.lengths, args.dims, args.ops = (",".join(map(str, ACCEPTANCE[key]))
                                              for key in ("lengths", "dims", "ops"))
@@ -716,8 +722,11 @@ def main():
         for D in dims:
             if out_of_time():
                 break
+            ops = [x for x in args.ops.split(",") if x and only.get(x, L) == L]
+            if args.ops and not ops:
+                continue
             bench_shape(args.batch, L, args.heads, D, reps, rng, rows, args.quick, out_of_time,
-                        save, [x for x in args.ops.split(",") if x])
+                        save, ops)
     if rows:
         plot(rows, os.path.join(args.out, "results.png"))
         print(markdown(rows, header))

@@ -122,6 +122,7 @@ def test_targets_mark_the_misses():
     assert "per-feature" not in table.split("Targets")[1]  # neither side ran
     named = {op for _, ours, peers, *_ in bench_kernels.TARGETS for op in (ours, *peers)}
     assert {op[:-1] for op in bench_kernels.ACCEPTANCE["ops"]} == named
+    assert bench_kernels.ACCEPTANCE["only"] == {"cudnn_full$": 16384}  # its one target's L
 
 
 def test_resume_keeps_this_machines_rows(tmp_path, monkeypatch, capsys):
