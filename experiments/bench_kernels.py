@@ -40,14 +40,14 @@ compiled and warmed up first, then ``--reps`` rounds each take one sample of eve
 (a sample: 5 back-to-back calls with one wait for the device at the end; ``prepared_jax``,
 ``prepared_torch``), and a row is the median of its samples (results.json also keeps the
 quartiles). Interleaving puts a change of the machine's state during the run on every op alike:
-timed one row after another, two rows of one program differed by 10% (one H100, 2026-12-07).
-Memory: XLA's compiled temp + output bytes for JAX, the peak allocated above the inputs for
-torch. Prints a table of times, the speed ratios against the peers and LION's cost against our
-causal op (its acceptance bound is 2x), each of the kernels' speed targets (``TARGETS``) with
-its misses marked, and writes results.json, results.md and results.png under --out (rewritten
-after every shape, so a timeout keeps what was measured). ``--acceptance`` times the ops of the
-targets at L = 4K, 16K, 32K and D = 64, 128 (cuDNN's attention at 16K only, where its target
-is; with ``--resume`` over several calls on one machine).
+timed one row after another, two rows running the same kernels differed by 10% (one H100,
+2026-12-07). Memory: XLA's compiled temp + output bytes for JAX, the peak allocated above the
+inputs for torch. Prints a table of times, the speed ratios against the peers and LION's cost
+against our causal op (its acceptance bound is 2x), each of the kernels' speed targets
+(``TARGETS``) with its misses marked, and writes results.json, results.md and results.png under
+--out (rewritten after every shape, so a timeout keeps what was measured). ``--acceptance``
+times the ops of the targets at L = 4K, 16K, 32K and D = 64, 128 (cuDNN's attention at 16K
+only, where its target is; with ``--resume`` over several calls on one machine).
 ``--deadline`` stops compiling new measurements once that many seconds have passed (those
 compiled are still timed);
 ``--resume`` keeps the rows of --out's results.json when they come from this machine since its
