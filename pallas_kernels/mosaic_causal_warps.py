@@ -327,7 +327,8 @@ def run_states(k, v, g, s0, *, chunk, splits, interpret):
     w, d = stacked_decay_factors(g, chunk, (False,))
     ends = walk_states(k, v, w, d, None, chunk=chunk, bv=BLOCK_V, splits=walks,
                        runs=walks - per_run, store=False, interpret=interpret)[0][0]
-    ends = jnp.pad(ends, [(0, 0), (0, 0), (0, per_run), (0, 0), (0, 0)])  # the last run's
+    # the last run's walks as zero ends: entering_states reads them only after the last state
+    ends = jnp.pad(ends, [(0, 0), (0, 0), (0, per_run), (0, 0), (0, 0)])
     return entering_states(ends, d[0], s0, reverse=False)[:, :, ::per_run]
 
 
