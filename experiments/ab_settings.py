@@ -9,13 +9,13 @@ than the default differs from itself?
 Any settings of one op, given on the command line (``bench_kernels`` has a fixed row per
 setting), timed beside the default twice: "default" and "default again", traced and compiled
 separately, whose ratio is the spread a difference must beat (two rows running the same
-kernels, timed one after the other, have differed by 10%: one H100, 2026-12-07). Each variant is compiled
-first under its settings (``bench_kernels.prepared_jax`` inside :func:`traced_under`); then
-``--rounds`` rounds each time every variant once, in turn (a sample: 5 calls back to back and
-one wait for the device), as ``bench_kernels`` times the ops of a shape. The table gives each
-variant's median and interquartile range over the rounds and its median over the default's. A
-variant is ``NAME:SETTING=VALUE[,SETTING=VALUE...]``, settings as
-``bench_kernels.setting_place`` names them (``NAME`` of ``linear_attention`` or
+kernels, timed one after the other, have differed by 10%: one H100, 2026-12-07). Each variant
+is compiled first under its settings (``bench_kernels.prepared_jax`` inside
+:func:`traced_under`); then ``--rounds`` rounds each time every variant once, in turn (a
+sample: 5 calls back to back and one wait for the device), as ``bench_kernels`` times the ops
+of a shape. The table gives each variant's median and interquartile range over the rounds and
+its median over the default's. A variant is ``NAME:SETTING=VALUE[,SETTING=VALUE...]``, settings
+as ``bench_kernels.setting_place`` names them (``NAME`` of ``linear_attention`` or
 ``module.NAME``), values Python literals. The op is one of ``bench_kernels.jax_cases``'
 (per-token log-decays ``[B, L, H]``; the per-feature op draws its own), forward and forward +
 backward. Writes results.json, results.md and results.png (each variant's ratio with the
