@@ -26,14 +26,12 @@ import argparse
 import ast
 import json
 import os
-import statistics
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench_kernels import (inputs, jax_cases, machine, prepared_jax, setting_place,
-                                       traced_under)
+from experiments.bench_kernels import (inputs, interleaved, jax_cases, machine, prepared_jax,
+                                       quartiles, setting_place, traced_under, with_grads)
 
 
 def parse_variant(text):
@@ -67,23 +65,14 @@ def prepared(fn, args, settings):
         return prepared_jax(fn, args)[0]
 
 
-def interleaved(samples, rounds):
-    """{name: [ms per call, one per round]}: every round takes a sample of each in turn."""
-    times = {name: [] for name in samples}
-    for _ in range(rounds):
-        for name, sample in samples.items():
-            times[name].append(sample())
-    return times
-
-
 def summary(times, **keys):
     """Rows of one A/B: median, quartiles and the ratio of medians to "default"."""
-    base = statistics.median(times["default"])
+    base = quartiles(times["default"])[1]
     rows = []
     for name, ts in times.items():
-        q25, med, q75 = np.percentile(ts, [25, 50, 75])
-        rows.append(dict(keys, variant=name, ms=float(med), q25=float(q25), q75=float(q75),
-                         ratio=float(med / base), rounds=len(ts)))
+        q25, med, q75 = quartiles(ts)
+        rows.append(dict(keys, variant=name, ms=med, q25=q25, q75=q75, ratio=med / base,
+                         rounds=len(ts)))
     return rows
 
 
@@ -143,12 +132,7 @@ def main(argv=None):
         q, k, v, dy, g = inputs(args.batch, args.length, args.heads, D, rng)
         q, k, v, dy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
         operands = (q, k, v, jnp.asarray(g))
-
-        def fwd_bwd(q, k, v, g, dy=dy):
-            out, vjp = jax.vjp(fn, q, k, v, g)
-            return out, vjp(dy)
-
-        for kind, f in (("fwd", fn), ("fwd+bwd", fwd_bwd)):
+        for kind, f in (("fwd", fn), ("fwd+bwd", with_grads(fn, dy))):
             samples = {name: prepared(f, operands, s) for name, s in variants.items()}
             times = interleaved(samples, args.rounds)
             for r in summary(times, op=args.op, D=D, kind=kind, L=args.length):

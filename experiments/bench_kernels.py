@@ -124,6 +124,32 @@ def prepared_torch(fn, inner=5):
     return sample, mib
 
 
+def interleaved(samples, rounds):
+    """``{name: [ms per call, one per round]}`` of ``samples`` ``{name: sample()}`` (as
+    :func:`prepared_jax` and :func:`prepared_torch` give them): every round takes one sample
+    of each in turn, so a change of the machine's state during the run falls on all alike."""
+    times = {name: [] for name in samples}
+    for _ in range(rounds):
+        for name, sample in samples.items():
+            times[name].append(sample())
+    return times
+
+
+def quartiles(times):
+    """``(q25, median, q75)`` of a list of times, as floats."""
+    return tuple(float(x) for x in np.percentile(times, [25, 50, 75]))
+
+
+def with_grads(fn, dy):
+    """``fn(q, k, v, g)``'s output and its input gradients for the output cotangent ``dy``:
+    the output stays live, as in training (only gradients would let XLA drop a forward kernel
+    whose output the backward does not need)."""
+    def run(q, k, v, g):
+        out, vjp = jax.vjp(fn, q, k, v, g)
+        return out, vjp(dy)
+    return run
+
+
 def time_jax(fn, args, reps, inner=5):
     """(median ms, MiB) of ``reps`` samples of :func:`prepared_jax`: each sample runs
     ``inner`` calls back to back and waits once, so the host's wait for the device is not
@@ -321,7 +347,7 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
     (clocks, what ran before) falls on all ops alike rather than on the rows timed during it.
     A row holds the median and the quartiles of its samples. save() is called after."""
     q, k, v, dy, g = inputs(B, L, H, D, rng)
-    ready = []  # (name, kind, sample, MiB)
+    ready = {}  # (name, kind): (sample, MiB)
 
     def prepare(name, kind, preparer):
         """Compiles and warms up one (op, pass) with ``preparer() -> (sample, MiB)``; False
@@ -333,20 +359,13 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
         if out_of_time():
             return False
         try:
-            ready.append((name, kind, *preparer()))
+            ready[name, kind] = preparer()
         except Exception as e:  # a baseline that does not run here is reported, not fatal
             print(f"{name} {kind} L={L} D={D}: failed: {type(e).__name__}: {e}"[:300])
         return True
 
     jq, jk, jv, jdy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
     jg = jnp.asarray(g)
-    def with_grads(fn):
-        """Output and input gradients: the output stays live, as in training (only gradients
-        would let XLA drop a forward kernel whose output the backward does not need)."""
-        def run(q, k, v, g):
-            out, vjp = jax.vjp(fn, q, k, v, g)
-            return out, vjp(jdy)
-        return run
 
     def jax_preparer(name, f):
         def preparer():
@@ -357,7 +376,7 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
 
     def prepare_all():
         for name, fn in jax_cases(quick).items():
-            for kind, f in (("fwd", fn), ("fwd+bwd", with_grads(fn))):
+            for kind, f in (("fwd", fn), ("fwd+bwd", with_grads(fn, jdy))):
                 if not prepare(name, kind, jax_preparer(name, f)):
                     return
         cases = torch_cases()
@@ -383,12 +402,9 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
                     return
 
     prepare_all()
-    times = [[] for _ in ready]
-    for _ in range(reps):
-        for (*_, sample, _), ts in zip(ready, times):
-            ts.append(sample())
-    for (name, kind, _, mib), ts in zip(ready, times):
-        q25, ms, q75 = (float(x) for x in np.percentile(ts, [25, 50, 75]))
+    times = interleaved({key: sample for key, (sample, _) in ready.items()}, reps)
+    for (name, kind), (_, mib) in ready.items():
+        q25, ms, q75 = quartiles(times[name, kind])
         rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, q25=q25, q75=q75, mib=mib))
         print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms (IQR {q25:.3f} to "
               f"{q75:.3f})  {mib or 0:9.1f} MiB", flush=True)
@@ -545,15 +561,21 @@ TARGETS = [
      2.0, None),
     ("LION normalised vs cuDNN", "pallas_lion_2pass", ("cudnn_full",), "fwd+bwd", ">=", 10.0,
      16384)]
-# --acceptance: the ops of TARGETS at these lengths and head dims; an op that only targets
-# of one length name ("only": {op: L}) is timed at that length only
+
+
+def only_length(op):
+    """The one length at which the targets naming ``op`` are checked, or None (any)."""
+    lengths = {only for _, ours, peers, *_, only in TARGETS if op in (ours, *peers)}
+    return lengths.pop() if len(lengths) == 1 else None
+
+
+# --acceptance: the ops of TARGETS at these lengths and head dims; an op is timed only at the
+# one length its targets name, if they name one ("only": {op: L})
 ACCEPTANCE = dict(lengths=(4096, 16384, 32768), dims=(64, 128),
                   ops=sorted({f"{op}$" for _, ours, peers, *_ in TARGETS
                               for op in (ours, *peers)}))
-ACCEPTANCE["only"] = {
-    op: only.pop() for op in ACCEPTANCE["ops"]
-    if None not in (only := {t[-1] for t in TARGETS if op[:-1] in (t[1], *t[2])})
-    and len(only) == 1}
+ACCEPTANCE["only"] = {op: only_length(op[:-1]) for op in ACCEPTANCE["ops"]
+                      if only_length(op[:-1]) is not None}
 # (op, base): cost = op time / base time; LION's acceptance bound is 2x our causal op
 COSTS = [(f"pallas_lion_{a}", f"pallas_causal_{a}")
          for a in ("2pass", "seq", "2pass_triton", "triton_grads", "approx_exp")]

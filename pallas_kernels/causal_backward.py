@@ -173,7 +173,7 @@ def _triton_grads(q, k, v, do, g, h, dh, *, chunk, precision, params, interpret)
     N = L // chunk
     dq, dk, dv, dlog_decay, inner = pl.pallas_call(
         functools.partial(_grads_kernel, precision=precision),
-        grid=(B, H, L // chunk),
+        grid=(B, H, N),
         in_specs=[qk_spec, qk_spec, v_spec, v_spec, row_spec, h_spec, h_spec],
         out_specs=[qk_spec, qk_spec, v_spec, row_spec, inner_spec],
         out_shape=[jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct(k.shape, dtype),

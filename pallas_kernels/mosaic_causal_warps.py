@@ -82,10 +82,10 @@ STAGES = (3, 2)
 # Registers per thread: the memory warpgroup gives its share to the two computing ones.
 MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
 # Programs of the walk that gives the runs their entering states (:func:`run_states`): the
-# chunks before the last run walked in runs of N / runs_until(programs, N, this) chunks, so
-# the walk is short and reads its inputs at the memory's rate rather than along the chain of
-# two long runs. Read when the op is traced; ``experiments.ab_settings`` times it
-# (``mosaic_causal_warps.RUN_STATES_PROGRAMS``).
+# chunks before the last run walked in runs of N / runs_until(programs, N, this) chunks, meant
+# to make that walk short (chains of N / runs chunks instead of N / splits) rather than as
+# long as a run. Not yet compiled or timed on a GPU; read when the op is traced, so
+# ``experiments.ab_settings`` can time it (``mosaic_causal_warps.RUN_STATES_PROGRAMS``).
 RUN_STATES_PROGRAMS = 512
 
 

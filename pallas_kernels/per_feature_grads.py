@@ -22,14 +22,13 @@ the same rounded tiles::
                   + sum_{s < t} (kg (v D^T))_s                 queries after it
                   + e^(b_C) rowsum(S * D)                      keys before, queries after
 
-(``dqt = M kt``, ``dkt = M^T qt``; the sums run over the chunk's tokens s). The kernel sums
-the first three within the chunk (one float32 cumsum over its tokens) and writes the fourth's
-row sums; XLA adds that to every token of the chunk. The two walks that give S and D run over
-the chunks as the forward's does (``per_feature.chunk_states_per_feature``; D in reverse, from
-the last chunk, with no flip of the tokens), and S and D are
-rounded to the input dtype for the products. S is the forward's own where the op kept it
-(``states``: the three passes' chunk states, ``linear_attention._causal_fwd``), so only D's
-walk remains.
+(``dqt = M kt``, ``dkt = M^T qt``; the sums run over the chunk's tokens s). The kernel sums the
+first three within the chunk (one float32 cumsum over its tokens) and writes the fourth's row
+sums; XLA adds that to every token of the chunk. The two walks that give S and D run over the
+chunks as the forward's does (``per_feature.chunk_states_per_feature``; D in reverse, from the
+last chunk, with no flip of the tokens), and S and D are rounded to the input dtype for the
+products. S is the forward's own where the op kept it (``states``: the three passes' chunk
+states, ``linear_attention._causal_fwd``), so only D's walk remains.
 
 Why: the scans' form (``linear_attention._per_feature_bwd``) takes ``q . dq - k . dk`` of
 whole-sequence gradients and a chunk-end correction, whose terms cancel across chunks; on
@@ -72,7 +71,8 @@ def _kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, s_ref, d_ref, dq_ref, dk_ref, dv
     b = jnp.cumsum(g_ref[...], axis=0)
     C = b.shape[0]
     rows = jnp.arange(C)[:, None]
-    last = jnp.sum(jnp.where(rows == C - 1, b, 0.0), axis=0, keepdims=True)  # b's last row
+    # b's last row, exactly (a sum of g could round otherwise: e^(last - b) is 1 at the end)
+    last = jnp.sum(jnp.where(rows == C - 1, b, 0.0), axis=0, keepdims=True)
     qt = (q * jnp.exp(b)).astype(dtype)
     kt = (k * jnp.exp(-b)).astype(dtype)
     kg = (k * jnp.exp(last - b)).astype(dtype)
