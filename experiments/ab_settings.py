@@ -16,7 +16,8 @@ sample: 5 calls back to back and one wait for the device), as ``bench_kernels`` 
 of a shape. The table gives each variant's median and interquartile range over the rounds and
 its median over the default's. A variant is ``NAME:SETTING=VALUE[,SETTING=VALUE...]``, settings
 as ``bench_kernels.setting_place`` names them (``NAME`` of ``linear_attention`` or
-``module.NAME``), values Python literals. The op is one of ``bench_kernels.jax_cases``'
+``module.NAME``), values Python literals (commas inside brackets belong to the value:
+``STAGES=(4, 2)``). The op is one of ``bench_kernels.jax_cases``'
 (per-token log-decays ``[B, L, H]``; the per-feature op draws its own), forward and forward +
 backward. Writes results.json, results.md and results.png (each variant's ratio with the
 spread) under --out.
@@ -41,7 +42,7 @@ def parse_variant(text):
     if not sep or not name or not body:
         raise ValueError(f"--variant {text!r}: write NAME:SETTING=VALUE[,SETTING=VALUE...]")
     settings = {}
-    for item in body.split(","):
+    for item in top_level_items(body):
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"--variant {text!r}: {item!r} is not SETTING=VALUE")
@@ -57,6 +58,18 @@ def parse_variant(text):
             raise ValueError(f"--variant {text!r}: {value!r} is not a Python literal (quote "
                              "strings: LAYOUT=\"wide\")") from None
     return name, settings
+
+
+def top_level_items(body):
+    """``body`` split at the commas outside brackets: ``"A=(4, 2),B=1"`` -> ``["A=(4, 2)",
+    "B=1"]``."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(body):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
+    return items + [body[start:]]
 
 
 def prepared(fn, args, settings):

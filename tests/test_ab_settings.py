@@ -14,6 +14,9 @@ def test_parse_variant():
         'both:mosaic_tiles.APPROX_MATH=True, GRADS_KERNEL="triton"')
     assert name == "both"
     assert settings == {"mosaic_tiles.APPROX_MATH": True, "GRADS_KERNEL": "triton"}
+    # commas inside brackets belong to the value
+    assert ab_settings.parse_variant("s:mosaic_causal_warps.STAGES=(4, 2),GRADS_KERNEL='a'") \
+        == ("s", {"mosaic_causal_warps.STAGES": (4, 2), "GRADS_KERNEL": "a"})
 
 
 @pytest.mark.parametrize("text, says", [
