@@ -113,8 +113,9 @@ GRADS_KERNEL = "auto"
 # Mosaic GPU kernel, mosaic_causal.py, where every chunk is mild, bf16 on Hopper or in the
 # interpreter, picked at run time; the three passes otherwise). "three_passes": the fused
 # kernel is slower (one H100, 2026-12-07, B 4, H 16, L 4K, D 64, bf16: forward 0.522 ms against
-# 0.487); `python -m experiments.bench_kernels` times both (pallas_causal_per_feature and
-# pallas_causal_per_feature_fused). Read when the op is traced.
+# 0.487, and the three passes have since taken 0.451 -> 0.350 with their kernels built for
+# mild chunks, docs/benchmarks.md); `python -m experiments.bench_kernels` times both
+# (pallas_causal_per_feature and pallas_causal_per_feature_fused). Read when the op is traced.
 PER_FEATURE_FORWARD = "three_passes"
 # Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
 # padded features of q and k add exact zeros to every q . k, the padded value columns give

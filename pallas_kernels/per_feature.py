@@ -57,7 +57,11 @@ sums are at least ``-FAST_RANGE`` takes its own pairs in that product instead of
 key-by-key running products below. Every factor stays within ``[e^-20, e^20]``,
 far inside float32's and bf16's range, and an exponent of at most 20 in size carries a rounding
 error of ~ulp(20) (2e-6 relative in the factor), against ~ulp(320) for the sub-chunk
-differences above. float16 inputs (range 65504) always take the walk.
+differences above. float16 inputs (range 65504) always take the walk. Where every chunk of
+a forward key-decay scan is mild (:func:`mild_chunks`, checked at run time by ``lax.cond``),
+its states and output kernels are a second build holding that path alone: one kernel with
+both paths' code was the slower (one H100, 2026-12-07, B4 H16 L 4K D 64 bf16: the op's
+forward 0.451 -> 0.350 ms, forward + backward 1.126 -> 1.019; docs/benchmarks.md).
 """
 
 import functools
@@ -153,13 +157,15 @@ def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_w
     )(u, decay, initial_state)
 
 
-def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision, head):
+def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision, head, mild):
     """Pass A, one (b, h, n, V-block): u = (K * exp(tail))^T V (key) or K^T (V * exp(tail)),
     ``tail_j = sum_{s > j} a_s``: for a chunk of mild decay the difference of the chunk's sum
     and its cumulative sums (exponents in [-FAST_RANGE, 0], off by ~ulp(FAST_RANGE)), else
     each segment summed on its own (an exact float32 product of a 0/1 mask). ``head`` (the
     reverse walk's contributions): ``exp(head)`` in place of ``exp(tail)``, ``head_j = sum_{s
-    <= j} a_s``, the chunk's inclusive cumulative sums (no difference: every chunk alike)."""
+    <= j} a_s``, the chunk's inclusive cumulative sums (no difference: every chunk alike).
+    ``mild``: every chunk is known to be mild (:func:`_three_passes`), so only that path is
+    built."""
     a = g_ref[...].astype(jnp.float32)
 
     def write(tail):
@@ -177,12 +183,18 @@ def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision, head):
     if head:
         write(jnp.cumsum(a, axis=0))
         return
+    def mild_tails():
+        write(jnp.sum(a, axis=0)[None, :] - jnp.cumsum(a, axis=0))
+
+    if mild:
+        mild_tails()
+        return
     if not _fast(k_ref.dtype):
         exact()
         return
-    mild = _mild(a)
-    pl.when(mild)(lambda: write(jnp.sum(a, axis=0)[None, :] - jnp.cumsum(a, axis=0)))
-    pl.when(jnp.logical_not(mild))(exact)
+    chunk_mild = _mild(a)
+    pl.when(chunk_mild)(mild_tails)
+    pl.when(jnp.logical_not(chunk_mild))(exact)
 
 
 def _diagonal(q, k_ref, v_ref, g_ref, p, *, on_key, strict, dtype, precision):
@@ -222,7 +234,7 @@ def _diagonal(q, k_ref, v_ref, g_ref, p, *, on_key, strict, dtype, precision):
 
 
 def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict,
-                   precision):
+                   precision, mild):
     """Pass C, one (b, h, n, V-block): q, k ``[C, Kp]``, v, o ``[C, BV]``, g ``[C, Kp]`` (key)
     or ``[C, BV]`` (value), s ``[Kp, BV]`` the state entering the chunk; strict: without the
     diagonal ``j == i``.
@@ -233,23 +245,23 @@ def _output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, str
     ``S <- diag(exp(sum_c a)) S + (k * exp(t))^T v`` (key; value: the decay on S's columns and
     ``t`` on v) with ``t_j = sum_{j < s < p + c} a_s``. Every factor is the exponential of a
     sum of log-decays over its own segment, in [0, 1] (module docstring). Chunks of mild
-    decay (every feature's sum over the chunk >= ``-FAST_RANGE``) take :func:`_whole_chunk`.
+    decay (every feature's sum over the chunk >= ``-FAST_RANGE``) take :func:`_whole_chunk`;
+    with ``mild`` (every chunk known to be mild, :func:`_three_passes`) only that is built.
     """
-    if not _fast(q_ref.dtype):
-        _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, sub=sub, on_key=on_key,
-                    strict=strict, precision=precision)
+    refs = (q_ref, k_ref, v_ref, g_ref, s_ref, o_ref)
+    whole = functools.partial(_whole_chunk, *refs, on_key=on_key, strict=strict,
+                              precision=precision)
+    walk = functools.partial(_walk_chunk, *refs, sub=sub, on_key=on_key, strict=strict,
+                             precision=precision)
+    if mild:
+        whole()
         return
-    mild = _mild(g_ref[...].astype(jnp.float32))
-
-    @pl.when(mild)
-    def _():
-        _whole_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, on_key=on_key, strict=strict,
-                     precision=precision)
-
-    @pl.when(jnp.logical_not(mild))
-    def _():
-        _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, sub=sub, on_key=on_key,
-                    strict=strict, precision=precision)
+    if not _fast(q_ref.dtype):
+        walk()
+        return
+    chunk_mild = _mild(g_ref[...].astype(jnp.float32))
+    pl.when(chunk_mild)(whole)
+    pl.when(jnp.logical_not(chunk_mild))(walk)
 
 
 def _fast(dtype):
@@ -339,11 +351,12 @@ def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict
 
 
 def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision, interpret,
-                   reverse=False):
+                   reverse=False, mild=False, sums=None):
     """Passes A and B on padded inputs: ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])``
     float32, the state entering each chunk and the one after the last (``reverse``: the state
     leaving each chunk, of the tokens after it, and the one before the first, both decayed
-    through the token they reach)."""
+    through the token they reach). ``mild``: as for :func:`_three_passes`; ``sums``: None or
+    :func:`chunk_sums` of g."""
     B, L, H, _ = k.shape
     N = L // chunk
     grid = (B, H, N, vp // bv)
@@ -351,13 +364,15 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
     v_spec = pl.BlockSpec((None, chunk, None, bv), lambda b, h, n, j: (b, n, h, j))
     state_spec = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, n, j: (b, h, n, 0, j))
     u = pl.pallas_call(
-        functools.partial(_states_kernel, on_key=on_key, precision=precision, head=reverse),
+        functools.partial(_states_kernel, on_key=on_key, precision=precision, head=reverse,
+                          mild=mild),
         grid=grid, in_specs=[k_spec, v_spec, k_spec if on_key else v_spec],
         out_specs=state_spec, out_shape=jax.ShapeDtypeStruct((B, H, N, kp, vp), jnp.float32),
         compiler_params=params, interpret=interpret, name="chunk_states_per_feature",
     )(k, v, g)
     # Chunk decay factors [B, H, N, Kp, 1] (key) or [B, H, N, 1, Vp] (value).
-    decay = jnp.exp(jnp.sum(g.reshape(B, N, chunk, H, -1), axis=2)).transpose(0, 2, 1, 3)
+    sums = chunk_sums(g, chunk) if sums is None else sums
+    decay = jnp.exp(sums).transpose(0, 2, 1, 3)
     decay = decay[..., :, None] if on_key else decay[..., None, :]
     s0 = None if s0 is None else pad_state(s0, kp, vp)
     return prefix_states(u, decay, s0, block_k=PREFIX_BLOCK_K, block_v=bv, interpret=interpret,
@@ -372,12 +387,19 @@ def _reversed(log_decay):
     return jnp.flip(shifted, axis=1)
 
 
-def mild_chunks(log_decay, chunk):
+def chunk_sums(log_decay, chunk):
+    """Each chunk's log-decays ``[B, L, H, F]`` (L a multiple of ``chunk``) summed per feature:
+    ``[B, N, H, F]`` float32."""
+    B, L, H, F = log_decay.shape
+    return jnp.sum(log_decay.astype(jnp.float32).reshape(B, L // chunk, chunk, H, F), axis=2)
+
+
+def mild_chunks(log_decay, chunk, sums=None):
     """Whether every chunk's log-decays ``[B, L, H, K]`` (L a multiple of ``chunk``) sum to at
     least ``-FAST_RANGE`` in every feature (a traced bool): GLA's one-product form, whose
-    factors ``e^+-b`` stay within ``e^FAST_RANGE``, takes them all."""
-    B, L, H, K = log_decay.shape
-    sums = jnp.sum(log_decay.reshape(B, L // chunk, chunk, H, K), axis=2)
+    factors ``e^+-b`` stay within ``e^FAST_RANGE``, takes them all. ``sums``: None or their
+    :func:`chunk_sums`."""
+    sums = chunk_sums(log_decay, chunk) if sums is None else sums
     return jnp.min(sums) >= -FAST_RANGE
 
 
@@ -446,7 +468,11 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     q, k, v, kp, bv, vp, exact, params = pad_layout(q, k, v, block_v, num_warps, num_stages)
     precision = exact if precision is None else precision
     g = _pad_axis(log_decay.astype(jnp.float32), 3, kp if on_key else vp)
-    passes = dict(kwargs, precision=precision, kp=kp, bv=bv, vp=vp, params=params, dims=(K, V))
+    sums = chunk_sums(g, chunk)
+    passes = dict(kwargs, precision=precision, kp=kp, bv=bv, vp=vp, params=params, dims=(K, V),
+                  sums=sums)
+    three_passes = functools.partial(_three_passes, q, k, v, g, initial_state, states=states,
+                                     **passes)
     if fused and on_key and not (strict or return_states or states is not None):
         if _one_kernel_reason(q, v, chunk, out_dtype, interpret) is None:
             def one_kernel():
@@ -455,10 +481,13 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
                     interpret=plgpu.InterpretGPUParams() if interpret else None)
                 return y[..., :V], final[:, :, :K, :V]
 
-            three_passes = functools.partial(_three_passes, q, k, v, g, initial_state,
-                                             **passes)
-            return jax.lax.cond(mild_chunks(g, chunk), one_kernel, three_passes)
-    return _three_passes(q, k, v, g, initial_state, states=states, **passes)
+            return jax.lax.cond(mild_chunks(g, chunk, sums), one_kernel, three_passes)
+    if on_key and not strict and _fast(q.dtype):
+        # the op's forward: kernels built for mild chunks only where every chunk is, picked at
+        # run time (the backward's other scans keep one build each, for compile time)
+        return jax.lax.cond(mild_chunks(g, chunk, sums),
+                            functools.partial(three_passes, mild=True), three_passes)
+    return three_passes()
 
 
 def _one_kernel_reason(q, v, chunk, out_dtype, interpret):
@@ -473,8 +502,11 @@ def _one_kernel_reason(q, v, chunk, out_dtype, interpret):
 
 def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v, out_dtype,
                   interpret, num_warps, num_stages, return_states, precision, kp, bv, vp,
-                  params, dims, states=None):
-    """:func:`chunk_scan_per_feature` (forward) of padded inputs by its three passes."""
+                  params, dims, sums, states=None, mild=False):
+    """:func:`chunk_scan_per_feature` (forward) of padded inputs by its three passes; ``sums``:
+    :func:`chunk_sums` of g. ``mild``: every chunk is mild (:func:`mild_chunks`; a bf16 or
+    float32 key-decay scan), so the states and output kernels are built for that path only
+    (one product per chunk, no sub-chunk walk): a smaller kernel, fewer registers."""
     del block_v, num_warps, num_stages
     on_key = decay_on == "key"
     B, L, H, _ = q.shape
@@ -482,7 +514,7 @@ def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v
     if states is None:
         s_in, state = _padded_states(k, v, g, initial_state, on_key=on_key, chunk=chunk,
                                      bv=bv, kp=kp, vp=vp, params=params, precision=precision,
-                                     interpret=interpret)
+                                     interpret=interpret, mild=mild, sums=sums)
     else:
         s_in, state = _pad_axis(_pad_axis(states.astype(jnp.float32), 3, kp), 4, vp), None
     grid = (B, H, L // chunk, vp // bv)
@@ -491,7 +523,7 @@ def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v
     state_spec = pl.BlockSpec((None, None, None, kp, bv), lambda b, h, n, j: (b, h, n, 0, j))
     o = pl.pallas_call(
         functools.partial(_output_kernel, sub=16, on_key=on_key, strict=strict,
-                          precision=precision),
+                          precision=precision, mild=mild),
         grid=grid, in_specs=[qk_spec, qk_spec, v_spec, qk_spec if on_key else v_spec,
                              state_spec],
         out_specs=v_spec, out_shape=jax.ShapeDtypeStruct((B, L, H, vp), out_dtype),

@@ -765,6 +765,37 @@ def test_per_feature_mild_and_strong_chunks(rng, fast_range):
     check_causal((q, k, v, g, s0), rng, chunk)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_per_feature_forward_takes_the_mild_build(rng, monkeypatch, dtype):
+    """Where every chunk is mild the per-feature forward runs the states and output kernels
+    built for mild chunks only (``per_feature._three_passes(mild=True)``, picked by lax.cond
+    at run time), else the general build: with the general build's outputs made zero (its
+    sub-chunk walk writes zeros and its in-kernel check calls no chunk mild), all-mild inputs
+    still give the float64 output and final state (odd L, K != V, an initial state), and one
+    chunk summing below -FAST_RANGE gives zeros."""
+    from pallas_kernels import per_feature
+
+    def zeros(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, **_):
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+    monkeypatch.setattr(per_feature, "_walk_chunk", zeros)
+    monkeypatch.setattr(per_feature, "_mild", lambda a: jnp.min(a) > 0.0)  # log-decays <= 0
+    jax.clear_caches()
+    B, L, H, K, V = 1, 150, 2, 24, 40
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, dtype, "mild", per_feature=True)
+    g = g / 4  # chunks of 64 summing to about -4: all mild
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+    run = jax.jit(lambda g: pallas_kernels.causal_linear_attention(
+        q, k, v, g, chunk_size=64, initial_state=s0, return_final_state=True))
+    with jax.enable_x64(True):
+        want = ops.causal_linear_attention(f64(q), f64(k), f64(v), f64(g), impl="attention",
+                                           initial_state=f64(s0), return_final_state=True)
+    check_close(run(g), want, dtype, ["y", "final_state"])
+    y, _ = run(g.at[:, 70].set(-25.0))  # the second chunk sums below -20 in every feature
+    assert not np.any(np.asarray(y, np.float32))
+    jax.clear_caches()  # no trace with the patched kernels outlives the test
+
+
 def test_per_feature_scan_states(rng):
     """chunk_scan_per_feature's return_states (forward and reverse) and chunk_states_per_feature
     (forward and reverse) against a float64 token-by-token recurrence, with an initial state;
