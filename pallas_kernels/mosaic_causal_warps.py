@@ -77,15 +77,17 @@ from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
                                         compiler_params, rows_of, tile_iota)
 
 # Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64 and 128; on one
-# H100, 2026-12-07, 4 at Kp = 64 took 9 % longer and 2 at 128 12 %: docs/benchmarks.md).
+# H100, 2026-12-07, 4 at Kp = 64 took 9 % longer and 2 at 128 12 %, and in an interleaved A/B
+# of this layout 4 and 5 at Kp 64 took 2.7 % and 3.0 % longer: docs/benchmarks.md).
 STAGES = (3, 2)
 # Registers per thread: the memory warpgroup gives its share to the two computing ones.
 MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
 # Programs of the walk that gives the runs their entering states (:func:`run_states`): the
-# chunks before the last run walked in runs of N / runs_until(programs, N, this) chunks, meant
-# to make that walk short (chains of N / runs chunks instead of N / splits) rather than as
-# long as a run. Not yet compiled or timed on a GPU; read when the op is traced, so
-# ``experiments.ab_settings`` can time it (``mosaic_causal_warps.RUN_STATES_PROGRAMS``).
+# chunks before the last run walked in runs of N / runs_until(programs, N, this) chunks, so
+# that walk is short (chains of N / runs chunks instead of N / splits) rather than as long as
+# a run. On one H100 (2026-12-07, interleaved A/B, D 64, L 16K) 512 and 1 (a walk as long as a
+# run) were within the spread: forward 0.346 against 0.355 ms, the default against itself
+# 1.011 (docs/benchmarks.md). Read when the op is traced (``experiments.ab_settings``).
 RUN_STATES_PROGRAMS = 512
 
 
