@@ -5,6 +5,9 @@ than the default differs from itself?
         --variant approx:mosaic_tiles.APPROX_MATH=True \
         --variant 'both:mosaic_tiles.APPROX_MATH=True,GRADS_KERNEL="triton"' \
         [--length 16384] [--batch 4] [--heads 16] [--rounds 15] [--out workdir/ab_settings]
+    python -m experiments.ab_settings --op pallas_causal_per_feature --length 4096 \
+        --base f92ac06        # this checkout's kernels against a revision's
+
 
 Any settings of one op, given on the command line (``bench_kernels`` has a fixed row per
 setting), timed beside the default twice: "default" and "default again", traced and compiled
@@ -21,18 +24,33 @@ as ``bench_kernels.setting_place`` names them (``NAME`` of ``linear_attention`` 
 (per-token log-decays ``[B, L, H]``; the per-feature op draws its own), forward and forward +
 backward. Writes results.json, results.md and results.png (each variant's ratio with the
 spread) under --out.
+
+``--base REV`` adds the variant "base REV": ``pallas_kernels`` as it is at that git revision
+(or in the directory REV, holding a copy of the package, for a machine without the
+repository's history: ``git archive REV pallas_kernels | tar -x -C DIR``), imported beside
+this checkout's as a second package (:func:`revision_kernels`) and timed at its own defaults
+in the same rounds: a change's A/B in one process, with no setting to switch it.
 """
 
 import argparse
 import ast
+import contextlib
+import importlib
 import json
 import os
+import re
+import subprocess
+import sys
+import tempfile
 
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import bench_kernels
 from experiments.bench_kernels import (inputs, interleaved, jax_cases, machine, prepared_jax,
                                        quartiles, setting_place, traced_under, with_grads)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_variant(text):
@@ -72,9 +90,58 @@ def top_level_items(body):
     return items + [body[start:]]
 
 
-def prepared(fn, args, settings):
-    """``bench_kernels.prepared_jax``'s sample of ``fn`` compiled under ``settings``."""
-    with traced_under(settings):
+def revision_kernels(base):
+    """``pallas_kernels`` at the git revision ``base`` of this repository, or in the directory
+    ``base`` (which holds ``pallas_kernels/``), imported as a second package
+    (``pallas_kernels_<sha>`` or ``pallas_kernels_base``): its modules written into a temporary
+    directory with their imports of the package renamed. A ValueError says what is wrong."""
+    folder = tempfile.mkdtemp(prefix="ab_settings_")
+    if os.path.isdir(os.path.join(base, "pallas_kernels")):
+        name = "pallas_kernels_base"
+        sources = {f: open(os.path.join(base, "pallas_kernels", f)).read()
+                   for f in os.listdir(os.path.join(base, "pallas_kernels"))
+                   if f.endswith(".py")}
+    else:
+        def git(*args):
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT)
+        try:
+            found = git("rev-parse", "--short", f"{base}^{{commit}}")
+        except OSError as e:
+            raise ValueError(f"--base {base!r}: no such directory, and git cannot run ({e})")
+        if found.returncode:
+            raise ValueError(f"--base {base!r}: neither a directory holding pallas_kernels/ "
+                             "nor a commit of this repository")
+        sha = found.stdout.strip()
+        name = f"pallas_kernels_{sha}"
+        sources = {os.path.basename(path): git("show", f"{sha}:{path}").stdout
+                   for path in git("ls-tree", "--name-only", sha, "pallas_kernels/").stdout.split()
+                   if path.endswith(".py")}
+    if "__init__.py" not in sources:
+        raise ValueError(f"--base {base!r}: no pallas_kernels/__init__.py there")
+    os.makedirs(os.path.join(folder, name))
+    for filename, text in sources.items():
+        with open(os.path.join(folder, name, filename), "w") as f:
+            f.write(re.sub(r"\bpallas_kernels\b", name, text))
+    sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
+@contextlib.contextmanager
+def bound_package(package):
+    """``bench_kernels``' ops (which call the module global ``pallas_kernels`` when traced)
+    calling ``package`` instead, for the duration; None leaves them as they are."""
+    saved = bench_kernels.pallas_kernels
+    bench_kernels.pallas_kernels = package or saved
+    try:
+        yield
+    finally:
+        bench_kernels.pallas_kernels = saved
+
+
+def prepared(fn, args, settings, package=None):
+    """``bench_kernels.prepared_jax``'s sample of ``fn`` compiled under ``settings`` (with the
+    kernels of ``package``, :func:`bound_package`)."""
+    with traced_under(settings), bound_package(package):
         return prepared_jax(fn, args)[0]
 
 
@@ -126,13 +193,20 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", default="workdir/ab_settings")
+    parser.add_argument("--base", default=None, metavar="REV",
+                        help="also time pallas_kernels at this git revision (or in this "
+                             "directory) beside this checkout's")
     args = parser.parse_args(argv)
+    packages = {}
     try:
         variants = dict([("default", {}), ("default again", {})]
                         + [parse_variant(v) for v in args.variant])
+        if args.base:  # named by the revision or the directory's name
+            name = f"base {os.path.basename(os.path.normpath(args.base))}"
+            packages[name], variants[name] = revision_kernels(args.base), {}
     except ValueError as e:
         parser.error(str(e))
-    if len(variants) < 2 + len(args.variant):
+    if len(variants) < 2 + len(args.variant) + len(packages):
         parser.error("--variant: two variants share a name (or use 'default')")
     cases = jax_cases(quick=False)
     if args.op not in cases:
@@ -146,7 +220,8 @@ def main(argv=None):
         q, k, v, dy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
         operands = (q, k, v, jnp.asarray(g))
         for kind, f in (("fwd", fn), ("fwd+bwd", with_grads(fn, dy))):
-            samples = {name: prepared(f, operands, s) for name, s in variants.items()}
+            samples = {name: prepared(f, operands, s, packages.get(name))
+                       for name, s in variants.items()}
             times = interleaved(samples, args.rounds)
             for r in summary(times, op=args.op, D=D, kind=kind, L=args.length):
                 rows.append(r)
@@ -154,7 +229,8 @@ def main(argv=None):
                       f"(IQR {r['q25']:.3f} to {r['q75']:.3f})  x{r['ratio']:.3f}", flush=True)
     header = (f"{machine()}, B {args.batch}, L {args.length}, H {args.heads}, bf16, "
               f"{args.rounds} interleaved rounds; variants: "
-              + "; ".join(f"{n} {s}" for n, s in variants.items() if s))
+              + "; ".join(f"{n} {s}" for n, s in variants.items() if s)
+              + "".join(f"; {n}: {p.__name__} at its defaults" for n, p in packages.items()))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(dict(header=header, rows=rows), f, indent=1)
     with open(os.path.join(args.out, "results.md"), "w") as f:

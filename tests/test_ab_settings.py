@@ -1,7 +1,9 @@
 """experiments/ab_settings.py on CPU: variants parse or fail with one line, the settings are in
-place only while a variant is traced, and a run writes its table, json and plot."""
+place only while a variant is traced, a run writes its table, json and plot, and --base times a
+second copy of the kernels."""
 
 import json
+import os
 
 import pytest
 
@@ -33,7 +35,7 @@ def test_bad_variants_say_what_is_wrong(text, says):
 
 def test_cli_errors_are_one_line(capsys):
     for argv in (["--variant", "x"], ["--op", "no_such_op"],
-                 ["--variant", "default:GRADS_KERNEL='triton'"]):
+                 ["--variant", "default:GRADS_KERNEL='triton'"], ["--base", "no-such-rev"]):
         with pytest.raises(SystemExit):
             ab_settings.main(argv)
         err = capsys.readouterr().err.strip().splitlines()
@@ -67,3 +69,38 @@ def test_run_writes_results_and_restores_settings(tmp_path, rng):
         assert r["variant"] != "default" or r["ratio"] == 1.0
     assert "| pallas_causal_2pass | 16 | fwd+bwd | tr |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_base_runs_a_second_copy_of_the_kernels(tmp_path, rng):
+    """--base DIR: the ops traced with the copy in DIR (imported as a second package) for the
+    variant "base DIR", this checkout's for the others, in the same rounds."""
+    import shutil
+    import sys
+    root = tmp_path / "base"
+    shutil.copytree(os.path.join(ab_settings.ROOT, "pallas_kernels"), root / "pallas_kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(root / "pallas_kernels" / "__init__.py", "a") as f:  # counts its op's traces
+        f.write("\nTRACES = []\n_op = causal_linear_attention\n\n\n"
+                "def causal_linear_attention(*args, **kwargs):\n"
+                "    TRACES.append(1)\n    return _op(*args, **kwargs)\n")
+    out = tmp_path / "out"
+    ab_settings.main(["--op", "pallas_causal_2pass", "--dims", "16", "--length",
+                      str(64 * int(rng.integers(1, 3))), "--batch", "1", "--heads", "2",
+                      "--rounds", "2", "--out", str(out), "--base", str(root)])
+    assert sys.modules["pallas_kernels_base"].TRACES == [1, 1]  # fwd, fwd+bwd: once each
+    with open(out / "results.json") as f:
+        results = json.load(f)
+    assert [r["variant"] for r in results["rows"]][:3] == [
+        "default", "default again", "base base"]
+    assert "pallas_kernels_base at its defaults" in results["header"]
+
+
+def test_base_revision_and_bad_bases():
+    """--base REV writes the revision's modules with their imports renamed; a base that is
+    neither a directory with the package nor a commit is one line."""
+    package = ab_settings.revision_kernels("HEAD")
+    assert package.__name__.startswith("pallas_kernels_")
+    assert callable(package.causal_linear_attention)
+    assert package.linear_attention.__name__ == f"{package.__name__}.linear_attention"
+    with pytest.raises(ValueError, match="neither a directory"):
+        ab_settings.revision_kernels("no-such-revision")
