@@ -186,9 +186,10 @@ def _causal_fwd(q, k, v, g, s0, cfg):
         y, state, h = chunk_scan_two_pass(q, k, v, g, s0, out_dtype=v.dtype, return_states=True,
                                           **_fused_cfg(cfg), **_forward_switch(g, cfg))
     elif _chunks_backward(q, g) and keep and not _forward_switch(g, cfg):
-        # the three passes' chunk states, which per_feature_grads would walk again
-        y, state, states = _scan(q, k, v, g, s0, out_dtype=v.dtype, return_states=True, **cfg)
-        h = states.astype(q.dtype)
+        # the three passes' chunk states, which per_feature_grads would walk again (it takes
+        # them in the input dtype)
+        y, state, h = _scan(q, k, v, g, s0, out_dtype=v.dtype, return_states=True,
+                            states_dtype=q.dtype, **cfg)
     else:
         y, state = _causal(q, k, v, g, s0, cfg)
     return (y, state), (q, k, v, g, s0, state, h)

@@ -108,7 +108,7 @@ def _prefix_kernel(u_ref, d_ref, s0_ref, s_in_ref, s_ref, *, num_chunks, reverse
         state, update, factor = carry
         following = chunk_at(jnp.minimum(step + 1, num_chunks - 1))
         next_update, next_factor = u_ref[following], d_ref[following]
-        s_in_ref[chunk_at(step)] = state
+        s_in_ref[chunk_at(step)] = state.astype(s_in_ref.dtype)
         return factor * state + update, next_update, next_factor
 
     state = (jnp.zeros(s_ref.shape, jnp.float32) if s0_ref is None
@@ -118,7 +118,7 @@ def _prefix_kernel(u_ref, d_ref, s0_ref, s_in_ref, s_ref, *, num_chunks, reverse
 
 
 def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_warps=4,
-                  reverse=False):
+                  reverse=False, out_dtype=jnp.float32):
     """Pass B: the state entering each chunk (``reverse``: from the right, walking the chunks
     from the last) and the final state.
 
@@ -131,9 +131,11 @@ def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_w
       decay: ``[B, H, N, dk, dv]`` float32 factor each chunk multiplies the state by
         (``exp`` of its summed log-decays), dk in {1, Kp} and dv in {1, Vp}.
       initial_state: None or ``[B, H, Kp, Vp]`` float32.
+      out_dtype: s_in's dtype (the walk carries float32 either way).
     Returns:
-      ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])`` float32 (s_in[n]: the state before
-      chunk n's contribution; final: after every chunk's); s_in reuses u's buffer.
+      ``(s_in [B, H, N, Kp, Vp] out_dtype, final [B, H, Kp, Vp] float32)`` (s_in[n]: the
+      state before chunk n's contribution; final: after every chunk's); float32 s_in reuses
+      u's buffer.
     """
     B, H, N, kp, vp = u.shape
     dk, dv = decay.shape[-2:]
@@ -148,9 +150,9 @@ def prefix_states(u, decay, initial_state, *, block_k, block_v, interpret, num_w
         grid=(B, H, kp // bk, vp // bv),
         in_specs=[chunks_spec, decay_spec, None if initial_state is None else state_spec],
         out_specs=[chunks_spec, state_spec],
-        out_shape=[jax.ShapeDtypeStruct(u.shape, jnp.float32),
+        out_shape=[jax.ShapeDtypeStruct(u.shape, out_dtype),
                    jax.ShapeDtypeStruct((B, H, kp, vp), jnp.float32)],
-        input_output_aliases={0: 0},
+        input_output_aliases={0: 0} if jnp.dtype(out_dtype) == jnp.float32 else {},
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="prefix_states",
@@ -351,12 +353,12 @@ def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict
 
 
 def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision, interpret,
-                   reverse=False, mild=False, sums=None):
+                   reverse=False, mild=False, sums=None, out_dtype=jnp.float32):
     """Passes A and B on padded inputs: ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])``
     float32, the state entering each chunk and the one after the last (``reverse``: the state
     leaving each chunk, of the tokens after it, and the one before the first, both decayed
     through the token they reach). ``mild``: as for :func:`_three_passes`; ``sums``: None or
-    :func:`chunk_sums` of g."""
+    :func:`chunk_sums` of g; ``out_dtype``: s_in's (:func:`prefix_states`)."""
     B, L, H, _ = k.shape
     N = L // chunk
     grid = (B, H, N, vp // bv)
@@ -376,7 +378,7 @@ def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision,
     decay = decay[..., :, None] if on_key else decay[..., None, :]
     s0 = None if s0 is None else pad_state(s0, kp, vp)
     return prefix_states(u, decay, s0, block_k=PREFIX_BLOCK_K, block_v=bv, interpret=interpret,
-                         reverse=reverse)
+                         reverse=reverse, out_dtype=out_dtype)
 
 
 def _reversed(log_decay):
@@ -406,12 +408,12 @@ def mild_chunks(log_decay, chunk, sums=None):
 @functools.partial(jax.jit, static_argnames=("decay_on", "reverse", "strict", "chunk",
                                              "block_v", "out_dtype", "interpret", "num_warps",
                                              "num_stages", "return_states", "precision",
-                                             "fused"))
+                                             "fused", "states_dtype"))
 def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="key",
                            reverse=False, strict=False, chunk=64, block_v=64,
                            out_dtype=jnp.float32, interpret=False, num_warps=None,
                            num_stages=2, return_states=False, states=None, precision=None,
-                           fused=False):
+                           fused=False, states_dtype=jnp.float32):
     """Decayed linear scan with per-feature decay (see the module docstring).
 
     Args:
@@ -423,7 +425,9 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
       strict: leave out the diagonal ``j == i``.
       chunk: tokens per chunk, a power of two >= 16 (sub-chunks of 16).
       block_v, out_dtype, interpret, num_warps, num_stages: as for ``chunk_scan``.
-      return_states: also return the state the scan carries into each chunk.
+      return_states: also return the state the scan carries into each chunk, in
+        ``states_dtype`` (float32, or the inputs' dtype for a caller that keeps them so:
+        then a bf16 scan of mild chunks writes them so directly, see :func:`_three_passes`).
       states: None, or those states ``[B, H, N, K, V]`` float32 (as ``return_states`` gives
         them, the initial state included) when the caller has them: the state passes are
         skipped and the final state returned is None. Not with ``initial_state``.
@@ -437,7 +441,7 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
         slower than the three passes on an H100 (``linear_attention.PER_FEATURE_FORWARD``).
     Returns:
       ``(o [B, L, H, V] out_dtype, final state [B, H, K, V] float32)``, with
-      ``return_states`` also ``states [B, H, N, K, V]`` float32 (N = L / chunk): forward,
+      ``return_states`` also ``states [B, H, N, K, V]`` in states_dtype (N = L / chunk): forward,
       ``S`` after token ``n C - 1`` (the initial state for n = 0); reverse, the state after
       token ``(n + 1) C`` in the reverse recurrence before the decay of that token, i.e.
       ``sum_{j >= (n+1) C} diag(exp(A_j - A_{(n+1) C})) k_j v_j^T`` plus the decayed
@@ -453,7 +457,8 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
                              f" = {want}; got {states.shape}")
     kwargs = dict(decay_on=decay_on, strict=strict, chunk=chunk, block_v=block_v,
                   out_dtype=out_dtype, interpret=interpret, num_warps=num_warps,
-                  num_stages=num_stages, return_states=return_states, precision=precision)
+                  num_stages=num_stages, return_states=return_states, precision=precision,
+                  states_dtype=states_dtype)
     if reverse:
         flip = functools.partial(jnp.flip, axis=1)
         o, state, *out_states = chunk_scan_per_feature(
@@ -502,19 +507,25 @@ def _one_kernel_reason(q, v, chunk, out_dtype, interpret):
 
 def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v, out_dtype,
                   interpret, num_warps, num_stages, return_states, precision, kp, bv, vp,
-                  params, dims, sums, states=None, mild=False):
+                  params, dims, sums, states_dtype, states=None, mild=False):
     """:func:`chunk_scan_per_feature` (forward) of padded inputs by its three passes; ``sums``:
     :func:`chunk_sums` of g. ``mild``: every chunk is mild (:func:`mild_chunks`; a bf16 or
     float32 key-decay scan), so the states and output kernels are built for that path only
-    (one product per chunk, no sub-chunk walk): a smaller kernel, fewer registers."""
+    (one product per chunk, no sub-chunk walk): a smaller kernel, fewer registers. There the
+    output kernel rounds the entering state to the input dtype before its one product, so
+    with bf16 inputs the walk writes the states in bf16 (the same products, half the bytes)
+    unless they are asked for in float32."""
     del block_v, num_warps, num_stages
     on_key = decay_on == "key"
     B, L, H, _ = q.shape
     K, V = dims
+    rounded = mild and q.dtype == jnp.bfloat16 and not (
+        return_states and jnp.dtype(states_dtype) == jnp.float32)
     if states is None:
         s_in, state = _padded_states(k, v, g, initial_state, on_key=on_key, chunk=chunk,
                                      bv=bv, kp=kp, vp=vp, params=params, precision=precision,
-                                     interpret=interpret, mild=mild, sums=sums)
+                                     interpret=interpret, mild=mild, sums=sums,
+                                     out_dtype=q.dtype if rounded else jnp.float32)
     else:
         s_in, state = _pad_axis(_pad_axis(states.astype(jnp.float32), 3, kp), 4, vp), None
     grid = (B, H, L // chunk, vp // bv)
@@ -530,7 +541,7 @@ def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v
         compiler_params=params, interpret=interpret, name="chunk_outputs_per_feature",
     )(q, k, v, g, s_in)
     out = (o[..., :V], None if state is None else state[:, :, :K, :V])
-    return out + (s_in[..., :K, :V],) if return_states else out
+    return out + (s_in[..., :K, :V].astype(states_dtype),) if return_states else out
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "precision", "reverse"))

@@ -796,6 +796,33 @@ def test_per_feature_forward_takes_the_mild_build(rng, monkeypatch, dtype):
     jax.clear_caches()  # no trace with the patched kernels outlives the test
 
 
+def test_per_feature_bf16_states_in_bf16(rng, spy):
+    """A bf16 key-decay scan of mild chunks whose states are asked for in bf16 (``states_dtype``,
+    as the op's forward keeps them for its backward) has its walk write them in bf16, since
+    the output kernel rounds them so before its product: the same outputs and final state, bit
+    for bit, and the float32 states rounded, as with float32 states."""
+    from pallas_kernels import per_feature
+    from pallas_kernels.per_feature import chunk_scan_per_feature
+    B, L, H, K, V, C = 1, 192, 2, 24, 40, 64
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, "mild", per_feature=True)
+    g = g / 4  # chunks summing to about -4: all mild
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+    scan = functools.partial(chunk_scan_per_feature, q, k, v, g, s0, chunk=C, interpret=True,
+                             out_dtype=jnp.bfloat16, return_states=True)
+    calls = spy(per_feature, "prefix_states")
+    y32, final32, states32 = scan()
+    assert {c["out_dtype"] for c in calls} == {jnp.float32}
+    del calls[:]
+    y16, final16, states16 = scan(states_dtype=jnp.bfloat16)
+    # the mild build's walk writes bf16, the general build's float32 (both traced)
+    assert sorted(str(jnp.dtype(c["out_dtype"])) for c in calls) == ["bfloat16", "float32"]
+    assert states16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y16, np.float32), np.asarray(y32, np.float32))
+    np.testing.assert_array_equal(np.asarray(final16), np.asarray(final32))
+    np.testing.assert_array_equal(np.asarray(states16, np.float32),
+                                  np.asarray(states32.astype(jnp.bfloat16), np.float32))
+
+
 def test_per_feature_scan_states(rng):
     """chunk_scan_per_feature's return_states (forward and reverse) and chunk_states_per_feature
     (forward and reverse) against a float64 token-by-token recurrence, with an initial state;
