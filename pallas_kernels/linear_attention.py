@@ -117,6 +117,12 @@ GRADS_KERNEL = "auto"
 # mild chunks, docs/benchmarks.md); `python -m experiments.bench_kernels` times both
 # (pallas_causal_per_feature and pallas_causal_per_feature_fused). Read when the op is traced.
 PER_FEATURE_FORWARD = "three_passes"
+# Columns of v (and of the state) per program in the per-feature op's three passes: each of
+# the Vp / this V-blocks recomputes its chunk's decayed q and k (Kp 128: two blocks of 64, each
+# taking 2 x 64 x 128 exponentials per chunk). Not yet compared on a GPU; read when the op is
+# traced (`python -m experiments.ab_settings --op pallas_causal_per_feature --length 4096
+# --dims 128 --variant bv128:PER_FEATURE_BLOCK_V=128`).
+PER_FEATURE_BLOCK_V = 64
 # Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
 # padded features of q and k add exact zeros to every q . k, the padded value columns give
 # output columns that are sliced off, so the result is the unpadded op's, gradients included.
@@ -617,7 +623,8 @@ def _prepare(q, k, v, log_decay, chunk_size, interpret, algorithm=None, backend=
         raise ValueError("pallas_kernels: backend='mosaic' needs an NVIDIA GPU of compute "
                          "capability >= 9.0 (Hopper) or interpret=True; use backend=None or "
                          f"'triton' on {jax.devices()[0].device_kind}")
-    cfg = dict(chunk=chunk, block_v=64, interpret=bool(interpret))
+    cfg = dict(chunk=chunk, block_v=PER_FEATURE_BLOCK_V if log_decay.ndim == 4 else 64,
+               interpret=bool(interpret))
     if log_decay.ndim == 3:  # per-feature decay has only the chunk-parallel form
         cfg["algorithm"] = algorithm or DEFAULT_ALGORITHM
         if cfg["algorithm"] == "two_pass":

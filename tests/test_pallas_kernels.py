@@ -796,6 +796,22 @@ def test_per_feature_forward_takes_the_mild_build(rng, monkeypatch, dtype):
     jax.clear_caches()  # no trace with the patched kernels outlives the test
 
 
+@pytest.mark.parametrize("block_v, V", [(16, 40), (128, 100)])
+def test_per_feature_block_v(rng, monkeypatch, block_v, V):
+    """``PER_FEATURE_BLOCK_V``: the per-feature op's three passes with several V-blocks (16
+    columns at V 40) or one of 128 (V 100) against float64, output, final state and gradients
+    (float32, mild and strong chunks, an initial state)."""
+    from pallas_kernels import linear_attention
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_BLOCK_V", block_v)
+    jax.clear_caches()
+    B, L, H, K = 1, 83, 2, 24
+    q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.float32, "strong", per_feature=True)
+    g = g.at[:, :64].multiply(0.01)  # the first chunk mild, the second strong
+    s0 = jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32)
+    check_causal((q, k, v, g, s0), rng, 32)
+    jax.clear_caches()  # no trace under the setting outlives the test
+
+
 def test_per_feature_bf16_states_in_bf16(rng, spy):
     """A bf16 key-decay scan of mild chunks whose states are asked for in bf16 (``states_dtype``,
     as the op's forward keeps them for its backward) has its walk write them in bf16, since
