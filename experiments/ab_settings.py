@@ -96,11 +96,13 @@ def revision_kernels(base):
     (``pallas_kernels_<sha>`` or ``pallas_kernels_base``): its modules written into a temporary
     directory with their imports of the package renamed. A ValueError says what is wrong."""
     folder = tempfile.mkdtemp(prefix="ab_settings_")
-    if os.path.isdir(os.path.join(base, "pallas_kernels")):
+    package_dir = os.path.join(base, "pallas_kernels")
+    if os.path.isdir(package_dir):
         name = "pallas_kernels_base"
-        sources = {f: open(os.path.join(base, "pallas_kernels", f)).read()
-                   for f in os.listdir(os.path.join(base, "pallas_kernels"))
-                   if f.endswith(".py")}
+        sources = {}
+        for filename in (f for f in os.listdir(package_dir) if f.endswith(".py")):
+            with open(os.path.join(package_dir, filename)) as f:
+                sources[filename] = f.read()
     else:
         def git(*args):
             return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT)

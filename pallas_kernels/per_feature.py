@@ -185,6 +185,7 @@ def _states_kernel(k_ref, v_ref, g_ref, u_ref, *, on_key, precision, head, mild)
     if head:
         write(jnp.cumsum(a, axis=0))
         return
+
     def mild_tails():
         write(jnp.sum(a, axis=0)[None, :] - jnp.cumsum(a, axis=0))
 
@@ -354,8 +355,8 @@ def _walk_chunk(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, sub, on_key, strict
 
 def _padded_states(k, v, g, s0, *, on_key, chunk, bv, kp, vp, params, precision, interpret,
                    reverse=False, mild=False, sums=None, out_dtype=jnp.float32):
-    """Passes A and B on padded inputs: ``(s_in [B, H, N, Kp, Vp], final [B, H, Kp, Vp])``
-    float32, the state entering each chunk and the one after the last (``reverse``: the state
+    """Passes A and B on padded inputs: ``(s_in [B, H, N, Kp, Vp] out_dtype, final [B, H, Kp,
+    Vp] float32)``, the state entering each chunk and the one after the last (``reverse``: the state
     leaving each chunk, of the tokens after it, and the one before the first, both decayed
     through the token they reach). ``mild``: as for :func:`_three_passes`; ``sums``: None or
     :func:`chunk_sums` of g; ``out_dtype``: s_in's (:func:`prefix_states`)."""
