@@ -114,10 +114,10 @@ def smem_bytes(chunk, kp, bv, itemsize, stages, one_product=False):
     return stages * slot + chain + outputs + 4 * kp * bv
 
 
-def pick_stages(kp, itemsize, chunk=CHUNK, one_product=False):
+def pick_stages(kp, itemsize, chunk=CHUNK):
     """The most pipeline slots of ``STAGES`` that fit in shared memory (the last if none)."""
     fits = [s for s in STAGES
-            if smem_bytes(chunk, kp, BLOCK_V, itemsize, s, one_product) + 4096 <= SMEM_BYTES]
+            if smem_bytes(chunk, kp, BLOCK_V, itemsize, s) + 4096 <= SMEM_BYTES]
     return (fits or STAGES[-1:])[0]
 
 
