@@ -10,7 +10,7 @@ compiles the op (one of ``bench_kernels.jax_cases``, bf16 inputs as ``bench_kern
 draws them), runs it once to warm up and once inside ``cudaProfilerStart`` / ``Stop``, so
 ``ncu --profile-from-start off`` measures the kernels of that one call. The table gives per
 kernel its HBM bytes read and written, its time (ncu replays each kernel, so the times are of
-a kernel alone, clocks as ncu sets them) and the rate ``(read + written) / time``, and the
+a kernel alone, clocks left as they are) and the rate ``(read + written) / time``, and the
 sums; written to ``dram_traffic.md`` and the raw CSV under --out. A kernel moving
 ``read + written`` near what its inputs and outputs weigh, at a rate near the device's (about
 3.35 TB/s on an H100), is bound by HBM; fewer bytes than the inputs it reads twice say L2
@@ -32,7 +32,9 @@ METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.
 
 def ncu_command(args):
     """The ``ncu`` command line that runs this module's child for ``args``."""
+    # clocks left as they are (the device notes ask it): times comparable with bench_kernels'
     return ["ncu", "--csv", "--print-units", "base", "--profile-from-start", "off",
+            "--clock-control", "none",
             "--metrics", ",".join(METRICS), sys.executable, "-m", "experiments.dram_traffic",
             "--child", "--op", args.op, "--length", str(args.length), "--dim", str(args.dim),
             "--pass", args.kind, "--batch", str(args.batch), "--heads", str(args.heads)]
