@@ -56,14 +56,23 @@ from pallas_kernels.chunk_scan import _next_pow2
 from pallas_kernels.per_feature import chunk_states_per_feature
 
 NUM_WARPS = 4
+# K features per program: a wider Kp splits into K-blocks, one program each, every program
+# computing its block's dq, dk and d log_decay and its part of dv (``p`` and ``kg D`` sum over
+# K), the parts summed in float32 by XLA. Why: the whole [C, Kp] tiles of one program exceed the
+# 255 registers a thread has and spill (ptxas, sm_90a, ``python -m experiments.ptx_resources
+# --kernel per_feature_grads``, 2026-12-07: 5,584 bytes of spill stores at D 128, 4 warps).
+# 128 (no split up to D 128) until a GPU A/B times 64 (``experiments.ab_settings --op
+# pallas_causal_per_feature --variant bk64:per_feature_grads.BLOCK_K=64``).
+BLOCK_K = 128
 
 
 def _kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, s_ref, d_ref, dq_ref, dk_ref, dv_ref, dg_ref,
             cross_ref):
-    """One (b, n, h): the chunk's gradients, d log_decay's first three sums (``dg``; module
-    docstring) and the fourth's inner products (``cross``); tiles ``[C, Kp]``, ``[C, Vp]``
-    (``g``: the chunk's float32 log-decays, of which ``b`` is the cumsum), states ``[Kp,
-    Vp]``."""
+    """One (b, n, h, K-block): the chunk's gradients, d log_decay's first three sums (``dg``;
+    module docstring) and the fourth's inner products (``cross``); tiles ``[C, BK]``, ``[C,
+    Vp]`` (``g``: the chunk's float32 log-decays, of which ``b`` is the cumsum), states ``[BK,
+    Vp]``. dv is this K-block's part (``p`` and ``kg D`` of its features; the whole dv where
+    one block holds every feature)."""
     f32 = jnp.float32
     dtype = q_ref.dtype
     q, k = q_ref[...].astype(f32), k_ref[...].astype(f32)
@@ -133,19 +142,27 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=N
     v, dy = (_pad_last(x, vp) for x in (v, dy))
     s, d = (jnp.pad(x.astype(dtype), ((0, 0),) * 3 + ((0, kp - K), (0, vp - V)))
             for x in (states, leaving))
-    tok_k = pl.BlockSpec((None, C, None, kp), lambda b, n, h: (b, n, h, 0))
-    tok_v = pl.BlockSpec((None, C, None, vp), lambda b, n, h: (b, n, h, 0))
-    state = pl.BlockSpec((None, None, None, kp, vp), lambda b, n, h: (b, h, n, 0, 0))
-    row = pl.BlockSpec((None, None, 1, kp), lambda b, n, h: (b, h, n, 0))
-    outs = [(q.shape, dtype, tok_k), (k.shape, dtype, tok_k), (v.shape, dtype, tok_v),
+    bk = min(BLOCK_K, kp)
+    nk = kp // bk
+    tok_k = pl.BlockSpec((None, C, None, bk), lambda b, n, h, j: (b, n, h, j))
+    tok_v = pl.BlockSpec((None, C, None, vp), lambda b, n, h, j: (b, n, h, 0))
+    state = pl.BlockSpec((None, None, None, bk, vp), lambda b, n, h, j: (b, h, n, j, 0))
+    row = pl.BlockSpec((None, None, 1, bk), lambda b, n, h, j: (b, h, n, j))
+    # dv whole where one program holds every feature, else each K-block's float32 part
+    dv_part = ((v.shape, dtype, tok_v) if nk == 1 else
+               ((nk, *v.shape), jnp.float32,
+                pl.BlockSpec((None, None, C, None, vp), lambda b, n, h, j: (j, b, n, h, 0))))
+    outs = [(q.shape, dtype, tok_k), (k.shape, dtype, tok_k), dv_part,
             (q.shape, jnp.float32, tok_k), ((B, H, N, kp), jnp.float32, row)]
     dq, dk, dv, dg, cross = pl.pallas_call(
-        _kernel, grid=(B, N, H),
+        _kernel, grid=(B, N, H, nk),
         in_specs=[tok_k, tok_k, tok_v, tok_v, tok_k, state, state],
         out_specs=[spec for _, _, spec in outs],
         out_shape=[jax.ShapeDtypeStruct(shape, dt) for shape, dt, _ in outs],
         compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret, name="per_feature_grads")(q, k, v, dy, g_padded, s, d)
+    if nk > 1:
+        dv = dv.sum(axis=0).astype(dtype)
     d_log_decay = (dg[..., :K].reshape(B, N, C, H, K)
                    + jnp.swapaxes(cross[..., :K], 1, 2)[:, :, None])
     return (dq[..., :K], dk[..., :K], dv[..., :V], d_log_decay.reshape(B, L, H, K), ds0)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 
 import pallas_kernels
 from lion_jax import ops
@@ -53,6 +54,23 @@ def test_matches_float64(rng, K, V, chunk, low):
     q, k, v, g, s0, dy, ds = inputs(rng, 2, 4 * chunk, 2, K, V, jnp.bfloat16, low)
     assert bool(mild_chunks(g, chunk))
     got = per_feature_grads(q, k, v, g, s0, dy, ds, chunk=chunk, interpret=not ON_GPU)
+    assert [x.dtype for x in got[:3]] == [jnp.bfloat16] * 3
+    for name, a, b in zip(["dq", "dk", "dv", "dlog_decay", "ds0"], got,
+                          reference_grads(q, k, v, g, s0, dy, ds)):
+        assert rel_err(a, b) < TOL, name
+
+
+@pytest.mark.parametrize("block_k", [16, 32])
+def test_k_blocks_match_float64(rng, monkeypatch, spy, block_k):
+    """K split into blocks (``BLOCK_K``; K 40 padded to 64: four or two programs per chunk,
+    dv summed from their float32 parts): every gradient within the bound against float64."""
+    from pallas_kernels import per_feature_grads as module
+    monkeypatch.setattr(module, "BLOCK_K", block_k)
+    programs = spy(pl, "pallas_call")  # and JAX's caches cleared: the jit keys on shapes
+    q, k, v, g, s0, dy, ds = inputs(rng, 1, 96, 2, 40, 24, jnp.bfloat16, -0.4)
+    got = per_feature_grads(q, k, v, g, s0, dy, ds, chunk=32, interpret=not ON_GPU)
+    assert [p.get("grid") for p in programs if p.get("name") == "per_feature_grads"] == [
+        (1, 3, 2, 64 // block_k)]
     assert [x.dtype for x in got[:3]] == [jnp.bfloat16] * 3
     for name, a, b in zip(["dq", "dk", "dv", "dlog_decay", "ds0"], got,
                           reference_grads(q, k, v, g, s0, dy, ds)):
