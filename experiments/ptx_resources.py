@@ -1,18 +1,23 @@
-"""Registers, spill bytes and shared memory of our Pallas Triton kernels on an H100 (sm_90a),
-read on any machine (no GPU needed).
+"""Registers, spill bytes and shared memory of the Pallas Triton kernels of an op on an H100
+(sm_90a), read on any machine (no GPU needed).
 
-    python -m experiments.ptx_resources [--kernel per_feature_grads] [--dims 64,128]
-        [--warps 4,8] [--variant bk64:per_feature_grads.BLOCK_K=64 ...]
+    python -m experiments.ptx_resources [--op pallas_causal_per_feature] [--dims 64,128]
+        [--pass fwd+bwd] [--variant w8:per_feature_grads.NUM_WARPS=8 ...]
+        [--kernels per_feature_grads,prefix_states]
 
-For each kernel, K = V = dim, warp count and variant (settings as ``experiments.ab_settings``
-takes them; "default" is the settings as they are):
+The op is one of ``bench_kernels.jax_cases`` (bf16, B = H = 1, L = 128, K = V = dim); each
+variant's settings as ``experiments.ab_settings`` takes them ("default": as they are). For every
+Triton kernel in the op's lowering, one row:
 
 1. the op is lowered for CUDA under an abstract H100 (``jax.sharding.use_abstract_mesh`` with
-   an ``AbstractDevice``, which Pallas' Triton lowering takes as its compute capability);
-2. the kernel's Triton IR is read from its ``__gpu$xla.gpu.triton`` custom call: the
+   an ``AbstractDevice``, which Pallas' lowerings take as the compute capability) with
+   ``jax.default_backend()`` answering "gpu", so that the op takes compiled kernels, not the
+   interpreter. The op sees a CPU device, so it takes the kernels it takes off Hopper: on an
+   H100 some of them run on Mosaic GPU instead (not Triton calls: not listed);
+2. each kernel's Triton IR is read from its ``__gpu$xla.gpu.triton`` custom call: the
    ``ir`` field of ``mhlo.backend_config`` holds it as MLIR bytecode
    (``jax/_src/pallas/triton/pallas_call_registration.py``), which jaxlib's own Triton dialect
-   turns back into text, with ``num_warps`` and ``num_stages`` beside it;
+   turns back into text, with ``name``, ``num_warps`` and ``num_stages`` beside it;
 3. the ``triton`` package compiles that text for ``GPUTarget("cuda", 90, 32)`` to PTX, and its
    bundled ptxas assembles the PTX with ``-v`` (the flags of Triton's own cubin step), whose
    log gives the registers and spills; shared memory is Triton's (dynamic) allocation.
@@ -34,14 +39,13 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
 from experiments.ab_settings import parse_variant
-from experiments.bench_kernels import setting_place
+from experiments.bench_kernels import jax_cases, traced_under, with_grads
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
 TRITON_FIX = ("pip install --target /tmp/tritonsite triton==3.9.0, then run with "
@@ -55,15 +59,6 @@ class MissingTool(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class Case:
-    """What to lower: ``fn`` at ``args`` (shapes and dtypes), and the name of the
-    ``pallas_call`` (``name=``) of the kernel to measure in it."""
-    fn: Callable
-    args: tuple
-    kernel: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Resources:
     """A kernel's resources on sm_90a: ptxas' registers and spills, Triton's shared memory."""
     registers: int
@@ -72,51 +67,40 @@ class Resources:
     shared: int
 
 
+def lowered_text(op, dim, kind, settings):
+    """The StableHLO of ``op`` (a ``bench_kernels.jax_cases`` name; ``kind`` "fwd" or
+    "fwd+bwd") at bf16, B = H = 1, L = 128, K = V = ``dim``, lowered for CUDA under an abstract
+    H100 with ``settings`` in place."""
+    fn = jax_cases(quick=False)[op]
+    tok = jax.ShapeDtypeStruct((1, 128, 1, dim), BF16)
+    args = (tok, tok, tok, jax.ShapeDtypeStruct((1, 128, 1), F32))
+    if kind == "fwd+bwd":
+        fn = with_grads(fn, jnp.zeros(tok.shape, tok.dtype))
+    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=H100)
+    with traced_under(settings), use_abstract_mesh(mesh), gpu_default_backend():
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir(
+            "stablehlo")
+
+
 @contextlib.contextmanager
-def module_global(module, name, value):
-    """``module.name`` set to ``value`` inside the block (e.g. a kernel module's NUM_WARPS)."""
-    old = getattr(module, name)
-    setattr(module, name, value)
+def gpu_default_backend():
+    """``jax.default_backend()`` answering "gpu" inside the block: the ops read it when traced
+    to choose the Pallas interpreter on a CPU, and here their compiled kernels are wanted.
+    (JAX's own code asks ``xla_bridge`` directly, not this attribute.)"""
+    saved = jax.default_backend
+    jax.default_backend = lambda: "gpu"
     try:
         yield
     finally:
-        setattr(module, name, old)
+        jax.default_backend = saved
 
 
-def per_feature_grads_case(dim, warps, settings):
-    """``per_feature_grads`` at B = H = 1, L = 128, chunk 64, K = V = ``dim``, bf16, under
-    ``settings`` (``{"module.NAME": value}``)."""
-    from pallas_kernels import per_feature_grads as module
-
-    def fn(q, k, v, g, dy, d_state):
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(module_global(module, "NUM_WARPS", warps))
-            for key, value in settings.items():
-                stack.enter_context(module_global(*setting_place(key), value))
-            return module.per_feature_grads(q, k, v, g, None, dy, d_state, chunk=64,
-                                            interpret=False)
-    tok = jax.ShapeDtypeStruct((1, 128, 1, dim), BF16)
-    g = jax.ShapeDtypeStruct((1, 128, 1, dim), F32)
-    d_state = jax.ShapeDtypeStruct((1, 1, dim, dim), F32)
-    return Case(fn, (tok, tok, tok, g, tok, d_state), "per_feature_grads")
-
-
-# name -> builder(dim, warps, settings) -> Case; add a kernel here
-KERNELS = {
-    "per_feature_grads": per_feature_grads_case,
-}
-
-
-def triton_calls(case):
-    """``[(ttir text, num_warps, num_stages)]`` of the Triton calls named ``case.kernel`` in
-    ``case.fn``'s CUDA lowering for an (abstract) H100."""
+def triton_calls(module):
+    """``[(name, ttir text, num_warps, num_stages)]``: the Triton calls of a lowered module,
+    in order."""
     from jax._src.lib.mlir import ir
     from jax._src.lib.triton import dialect as tt_dialect
 
-    jax.clear_caches()  # the kernels' jits key on shapes, not on a changed NUM_WARPS
-    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=H100)
-    with use_abstract_mesh(mesh):
-        lowered = jax.jit(case.fn).trace(*case.args).lower(lowering_platforms=("cuda",))
     configs = []
 
     def walk(op):
@@ -126,20 +110,17 @@ def triton_calls(case):
                     attrs = inner.operation.attributes
                     if (inner.operation.name == "stablehlo.custom_call"
                             and ir.StringAttr(attrs["call_target_name"]).value == TRITON_CALL):
-                        config = ir.DictAttr(attrs["mhlo.backend_config"])
-                        if ir.StringAttr(config["name"]).value == case.kernel:
-                            configs.append(config)
+                        configs.append(ir.DictAttr(attrs["mhlo.backend_config"]))
                     walk(inner.operation)
-    walk(lowered.compiler_ir("stablehlo").operation)
-    if not configs:
-        raise ValueError(f"no Triton call named {case.kernel!r} in the lowering")
+    walk(module.operation)
     context = ir.Context()
     tt_dialect.register_dialect(context)
     calls = []
     with context:
         for config in configs:
-            module = ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes)
-            calls.append((module.operation.get_asm(enable_debug_info=False),
+            kernel = ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes)
+            calls.append((ir.StringAttr(config["name"]).value,
+                          kernel.operation.get_asm(enable_debug_info=False),
                           ir.IntegerAttr(config["num_warps"]).value,
                           ir.IntegerAttr(config["num_stages"]).value))
     return calls
@@ -188,17 +169,15 @@ def sm90_resources(ttir, num_warps, num_stages):
     return Resources(*parse_ptxas(log), shared=kernel.metadata.shared)
 
 
-def measure(kernel, dim, warps, settings=None):
-    """``[Resources]`` of each Triton call of ``kernel`` at K = V = ``dim`` and ``warps``
-    under ``settings`` (``{"module.NAME": value}``)."""
+def measure(op, dim, kind="fwd+bwd", settings=None, kernels=None):
+    """``[(kernel name, num_warps, Resources)]``, one per Triton call of ``op`` at K = V =
+    ``dim`` (``kind`` "fwd" or "fwd+bwd") under ``settings`` (``{"module.NAME": value}``),
+    those named in ``kernels`` only unless it is None; a kernel built several times
+    (``lax.cond`` branches) gives a row per build."""
     import_triton()  # fail before the lowering, not after it
-    rows = []
-    for ttir, num_warps, num_stages in triton_calls(KERNELS[kernel](dim, warps,
-                                                                    settings or {})):
-        if num_warps != warps:
-            raise ValueError(f"{kernel} lowered with {num_warps} warps, not {warps}")
-        rows.append(sm90_resources(ttir, num_warps, num_stages))
-    return rows
+    calls = triton_calls(lowered_text(op, dim, kind, settings or {}))
+    return [(name, warps, sm90_resources(ttir, warps, stages))
+            for name, ttir, warps, stages in calls if kernels is None or name in kernels]
 
 
 def ints(text):
@@ -207,40 +186,38 @@ def ints(text):
 
 
 def main():
-    """Print the table of ``--kernel`` at each of ``--dims`` and ``--warps``."""
+    """Print the table of ``--op`` at each of ``--dims`` and ``--variant``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", default=",".join(KERNELS), help="of " + ", ".join(KERNELS))
+    parser.add_argument("--op", default="pallas_causal_per_feature",
+                        help="a bench_kernels.jax_cases name")
     parser.add_argument("--dims", type=ints, default=[64, 128], help="K = V, comma-separated")
-    parser.add_argument("--warps", type=ints, default=[4, 8], help="comma-separated")
+    parser.add_argument("--pass", dest="kind", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME:SETTING=VALUE[,...] as experiments.ab_settings takes it")
+    parser.add_argument("--kernels", default=None,
+                        help="comma-separated kernel names (pallas_call name=); default all")
     args = parser.parse_args()
+    if args.op not in jax_cases(quick=False):
+        parser.error(f"unknown --op {args.op!r}; choose from {list(jax_cases(quick=False))}")
     try:
         variants = dict([("default", {})] + [parse_variant(v) for v in args.variant])
-    except ValueError as e:
-        parser.error(str(e))
-    kernels = args.kernel.split(",")
-    if set(kernels) - set(KERNELS):
-        parser.error(f"unknown --kernel {sorted(set(kernels) - set(KERNELS))}; "
-                     f"choose from {list(KERNELS)}")
-    try:
         triton = import_triton()[0]
-    except MissingTool as e:
+    except (ValueError, MissingTool) as e:
         sys.exit(f"error: {e}")
-    print(f"jax {jax.__version__}, triton {triton.__version__}: sm_90a (H100), ptxas -v")
-    print("| kernel | variant | K = V | warps | registers | spill stores (B) | spill loads (B) "
+    print(f"jax {jax.__version__}, triton {triton.__version__}: {args.op} {args.kind}, "
+          "sm_90a (H100), ptxas -v")
+    print("| variant | K = V | kernel | warps | registers | spill stores (B) | spill loads (B) "
           "| shared memory (B) |")
     print("|---|---|---|---|---|---|---|---|")
-    for kernel in kernels:
-        for (name, settings), dim, warps in itertools.product(variants.items(), args.dims,
-                                                              args.warps):
-            try:
-                rows = measure(kernel, dim, warps, settings)
-            except MissingTool as e:
-                sys.exit(f"error: {e}")
-            for r in rows:
-                print(f"| {kernel} | {name} | {dim} | {warps} | {r.registers} "
-                      f"| {r.spill_stores} | {r.spill_loads} | {r.shared} |", flush=True)
+    for (name, settings), dim in itertools.product(variants.items(), args.dims):
+        try:
+            rows = measure(args.op, dim, args.kind, settings,
+                           args.kernels and args.kernels.split(","))
+        except MissingTool as e:
+            sys.exit(f"error: {e}")
+        for kernel, warps, r in rows:
+            print(f"| {name} | {dim} | {kernel} | {warps} | {r.registers} | {r.spill_stores} "
+                  f"| {r.spill_loads} | {r.shared} |", flush=True)
 
 
 if __name__ == "__main__":

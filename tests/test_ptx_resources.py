@@ -22,14 +22,25 @@ def test_parse_ptxas():
 
 
 def test_per_feature_grads_registers():
+    """The per-feature op's Triton kernels are in its fwd+bwd lowering, and K in blocks
+    of 32 with twice the warps spills less in its gradients kernel (a quarter of the tiles per
+    thread)."""
     try:
         ptx_resources.import_triton()
     except ptx_resources.MissingTool as e:
         pytest.skip(str(e))
-    [whole] = ptx_resources.measure("per_feature_grads", dim=64, warps=4)
-    assert whole.registers > 0 and whole.shared > 0
-    assert whole.spill_stores >= 0 and whole.spill_loads >= 0
-    # K in blocks of 32 and twice the warps: each thread holds a quarter of the tiles
-    [split] = ptx_resources.measure("per_feature_grads", dim=64, warps=8,
-                                    settings={"per_feature_grads.BLOCK_K": 32})
+
+    module = ptx_resources.lowered_text("pallas_causal_per_feature", 64, "fwd+bwd", {})
+    names = {name for name, _, _, _ in ptx_resources.triton_calls(module)}
+    assert {"chunk_outputs_per_feature", "prefix_states", "per_feature_grads"} <= names
+
+    def grads(settings):
+        [(_, warps, r)] = ptx_resources.measure("pallas_causal_per_feature", 64,
+                                                settings=settings, kernels=["per_feature_grads"])
+        assert r.registers > 0 and r.spill_stores >= 0
+        return warps, r
+    whole_warps, whole = grads({"per_feature_grads.NUM_WARPS": 4})
+    split_warps, split = grads({"per_feature_grads.NUM_WARPS": 8,
+                                "per_feature_grads.BLOCK_K": 32})
+    assert (whole_warps, split_warps) == (4, 8)
     assert split.spill_stores < whole.spill_stores and split.shared < whole.shared
