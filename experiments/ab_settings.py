@@ -4,7 +4,8 @@ than the default differs from itself?
     python -m experiments.ab_settings --op pallas_causal_2pass --dims 64,128 \
         --variant approx:mosaic_tiles.APPROX_MATH=True \
         --variant 'both:mosaic_tiles.APPROX_MATH=True,GRADS_KERNEL="triton"' \
-        [--length 16384] [--batch 4] [--heads 16] [--rounds 15] [--out workdir/ab_settings]
+        [--length 16384] [--batch 4] [--heads 16] [--rounds 15] [--pass both]
+        [--out workdir/ab_settings]
     python -m experiments.ab_settings --op pallas_causal_per_feature --length 4096 \
         --base f92ac06        # this checkout's kernels against a revision's
 
@@ -194,6 +195,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--pass", dest="kinds", choices=("fwd", "fwd+bwd", "both"),
+                        default="both", help="time the forward, forward + backward, or both")
     parser.add_argument("--out", default="workdir/ab_settings")
     parser.add_argument("--base", default=None, metavar="REV",
                         help="also time pallas_kernels at this git revision (or in this "
@@ -222,6 +225,8 @@ def main(argv=None):
         q, k, v, dy = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, dy))
         operands = (q, k, v, jnp.asarray(g))
         for kind, f in (("fwd", fn), ("fwd+bwd", with_grads(fn, dy))):
+            if args.kinds not in ("both", kind):
+                continue
             samples = {name: prepared(f, operands, s, packages.get(name))
                        for name, s in variants.items()}
             times = interleaved(samples, args.rounds)

@@ -69,6 +69,11 @@ def test_run_writes_results_and_restores_settings(tmp_path, rng):
         assert r["variant"] != "default" or r["ratio"] == 1.0
     assert "| pallas_causal_2pass | 16 | fwd+bwd | tr |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.png").stat().st_size > 0
+    ab_settings.main(["--op", "pallas_causal_2pass", "--dims", "16", "--length", str(L),
+                      "--batch", "1", "--heads", "2", "--rounds", "2", "--out",
+                      str(tmp_path / "fwd"), "--pass", "fwd"])
+    with open(tmp_path / "fwd" / "results.json") as f:
+        assert {r["kind"] for r in json.load(f)["rows"]} == {"fwd"}
 
 
 def test_base_runs_a_second_copy_of_the_kernels(tmp_path, rng):
