@@ -67,7 +67,7 @@ class Resources:
     shared: int
 
 
-def lowered_text(op, dim, kind, settings):
+def lowered_module(op, dim, kind, settings):
     """The StableHLO of ``op`` (a ``bench_kernels.jax_cases`` name; ``kind`` "fwd" or
     "fwd+bwd") at bf16, B = H = 1, L = 128, K = V = ``dim``, lowered for CUDA under an abstract
     H100 with ``settings`` in place."""
@@ -175,7 +175,11 @@ def measure(op, dim, kind="fwd+bwd", settings=None, kernels=None):
     those named in ``kernels`` only unless it is None; a kernel built several times
     (``lax.cond`` branches) gives a row per build."""
     import_triton()  # fail before the lowering, not after it
-    calls = triton_calls(lowered_text(op, dim, kind, settings or {}))
+    calls = triton_calls(lowered_module(op, dim, kind, settings or {}))
+    missing = set(kernels or ()) - {name for name, _, _, _ in calls}
+    if missing:
+        raise ValueError(f"{op} {kind} at K = V = {dim} has no Triton kernel named "
+                         f"{sorted(missing)}; it has {sorted({c[0] for c in calls})}")
     return [(name, warps, sm90_resources(ttir, warps, stages))
             for name, ttir, warps, stages in calls if kernels is None or name in kernels]
 
@@ -213,7 +217,7 @@ def main():
         try:
             rows = measure(args.op, dim, args.kind, settings,
                            args.kernels and args.kernels.split(","))
-        except MissingTool as e:
+        except (MissingTool, ValueError) as e:
             sys.exit(f"error: {e}")
         for kernel, warps, r in rows:
             print(f"| {name} | {dim} | {kernel} | {warps} | {r.registers} | {r.spill_stores} "

@@ -30,7 +30,7 @@ def test_per_feature_grads_registers():
     except ptx_resources.MissingTool as e:
         pytest.skip(str(e))
 
-    module = ptx_resources.lowered_text("pallas_causal_per_feature", 64, "fwd+bwd", {})
+    module = ptx_resources.lowered_module("pallas_causal_per_feature", 64, "fwd+bwd", {})
     names = {name for name, _, _, _ in ptx_resources.triton_calls(module)}
     assert {"chunk_outputs_per_feature", "prefix_states", "per_feature_grads"} <= names
 
@@ -43,4 +43,6 @@ def test_per_feature_grads_registers():
     split_warps, split = grads({"per_feature_grads.NUM_WARPS": 8,
                                 "per_feature_grads.BLOCK_K": 32})
     assert (whole_warps, split_warps) == (4, 8)
+    with pytest.raises(ValueError, match="no Triton kernel named \\['nope'\\]; it has"):
+        ptx_resources.measure("pallas_causal_per_feature", 64, kernels=["nope"])
     assert split.spill_stores < whole.spill_stores and split.shared < whole.shared
