@@ -59,10 +59,12 @@ NUM_WARPS = 4
 # K features per program: a wider Kp splits into K-blocks, one program each, every program
 # computing its block's dq, dk and d log_decay and its part of dv (``p`` and ``kg D`` sum over
 # K), the parts summed in float32 by XLA. Why: the whole [C, Kp] tiles of one program exceed the
-# 255 registers a thread has and spill (ptxas, sm_90a, ``python -m experiments.ptx_resources
-# --kernel per_feature_grads``, 2026-12-07: 5,584 bytes of spill stores at D 128, 4 warps).
-# 128 (no split up to D 128) until a GPU A/B times 64 (``experiments.ab_settings --op
-# pallas_causal_per_feature --variant bk64:per_feature_grads.BLOCK_K=64``).
+# 255 registers a thread has and spill (ptxas, sm_90a, on the CPU, 2026-12-07: ``python -m
+# experiments.ptx_resources --kernels per_feature_grads --variant ...``, docs/benchmarks.md):
+# at D 128, 5,566 bytes of spill stores per thread with 4 warps and one block, 140 with 8 warps
+# in blocks of 64, none in blocks of 32. A power of two >= 16; 128 (no split up to D 128)
+# until a GPU A/B times the others (``experiments.ab_settings --op pallas_causal_per_feature
+# --variant bk64:per_feature_grads.BLOCK_K=64,per_feature_grads.NUM_WARPS=8``).
 BLOCK_K = 128
 
 
@@ -142,6 +144,9 @@ def per_feature_grads(q, k, v, g, s0, dy, d_state, *, chunk, interpret, states=N
     v, dy = (_pad_last(x, vp) for x in (v, dy))
     s, d = (jnp.pad(x.astype(dtype), ((0, 0),) * 3 + ((0, kp - K), (0, vp - V)))
             for x in (states, leaving))
+    if BLOCK_K < 16 or BLOCK_K & (BLOCK_K - 1):
+        raise ValueError(f"per_feature_grads.BLOCK_K must be a power of two >= 16 (Triton "
+                         f"tiles); got {BLOCK_K}")
     bk = min(BLOCK_K, kp)
     nk = kp // bk
     tok_k = pl.BlockSpec((None, C, None, bk), lambda b, n, h, j: (b, n, h, j))

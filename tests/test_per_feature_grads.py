@@ -77,6 +77,17 @@ def test_k_blocks_match_float64(rng, monkeypatch, spy, block_k):
         assert rel_err(a, b) < TOL, name
 
 
+def test_bad_block_k_is_one_line(monkeypatch):
+    from pallas_kernels import per_feature_grads as module
+    monkeypatch.setattr(module, "BLOCK_K", 48)
+    jax.clear_caches()
+    q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+    g, ds = jnp.zeros(q.shape, jnp.float32), jnp.zeros((1, 1, 64, 64), jnp.float32)
+    with pytest.raises(ValueError, match="BLOCK_K must be a power of two >= 16.*got 48"):
+        per_feature_grads(q, q, q, g, None, q, ds, chunk=64, interpret=True)
+    jax.clear_caches()
+
+
 def test_mild_chunks():
     g = jnp.full((1, 64, 1, 2), -0.3, jnp.float32)
     assert bool(mild_chunks(g, 64))  # -19.2 per chunk
