@@ -20,7 +20,8 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             ``PER_FEATURE_BACKWARD = "scans"``; the default is the chunk-parallel bf16
             backward), and those scans' products as one TF32 pass instead of three bf16 ones
             (pallas_causal_per_feature_tf32), and its forward as one Mosaic GPU kernel
-            (pallas_causal_per_feature_fused, ``PER_FEATURE_FORWARD = "fused"``); the
+            (pallas_causal_per_feature_fused, ``PER_FEATURE_FORWARD = "fused"``, one
+            warpgroup; pallas_causal_per_feature_warps, ``"warps"``); the
             causal op and LION with the Triton gradients kernels in place of the Mosaic GPU
             ones (pallas_causal_triton_grads, pallas_lion_triton_grads, ``GRADS_KERNEL =
             "triton"``), and with the Mosaic GPU chunk kernels' exp as the approximate
@@ -198,6 +199,7 @@ SETTINGS = {
                                        "PER_FEATURE_BACKWARD": "scans"},
     "pallas_causal_per_feature_scans": {"PER_FEATURE_BACKWARD": "scans"},
     "pallas_causal_per_feature_fused": {"PER_FEATURE_FORWARD": "fused"},
+    "pallas_causal_per_feature_warps": {"PER_FEATURE_FORWARD": "warps"},
     "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"},
     "pallas_causal_triton_grads": {"GRADS_KERNEL": "triton"},
     "pallas_lion_triton_grads": {"GRADS_KERNEL": "triton"},
@@ -486,8 +488,9 @@ def sweep(B, L, H, dims, reps, rng):
                 lambda q, k, v, dy, g, s, den, h, hl, o=one, w=warps: lion_backward(
                     q, k, v, g, dy, hl, y=v, y_low=v, den=den, normalize=True, one_kernel=o,
                     num_warps=w, grads="triton"))
-    for fused in (False, True):  # per-feature decay: three passes, or one Mosaic kernel
-        stages[f"per-feature forward, {'one Mosaic kernel' if fused else 'three passes'}"] = (
+    for fused in (None, "one_warpgroup", "warps"):  # per-feature decay: three passes or one
+        label = "three passes" if fused is None else f"one Mosaic kernel, {fused}"  # kernel
+        stages[f"per-feature forward, {label}"] = (
             lambda q, k, v, dy, g, *_, f=fused: chunk_scan_per_feature(
                 q, k, v, jnp.broadcast_to(g[..., None], q.shape), out_dtype=jnp.bfloat16,
                 fused=f))
@@ -539,6 +542,8 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
     ("pallas_causal_per_feature_scans", "jla_gla"), ("pallas_causal_per_feature_fused", "jla_gla"),
     ("pallas_causal_per_feature_fused", "pallas_causal_per_feature"),
+    ("pallas_causal_per_feature_warps", "jla_gla"),
+    ("pallas_causal_per_feature_warps", "pallas_causal_per_feature"),
     ("pallas_lion_plain", "jla_lion_2pass"),
     ("pallas_lion_plain", "cudnn_full")]
 # The kernels' speed targets: (label, ours, peers, pass, test, bound, only at L). ">=": the

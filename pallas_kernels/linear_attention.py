@@ -109,13 +109,16 @@ CAUSAL_FORWARD = "auto"
 # docs/benchmarks.md, "Interleaved A/Bs").
 GRADS_KERNEL = "auto"
 # The causal forward of per-feature decay: "three_passes" (per_feature.chunk_scan_per_feature:
-# chunk states, their walk, the outputs) or "fused" (chunk_scan_per_feature(fused=True): one
-# Mosaic GPU kernel, mosaic_causal.py, where every chunk is mild, bf16 on Hopper or in the
-# interpreter, picked at run time; the three passes otherwise). "three_passes": the fused
-# kernel is slower (one H100, 2026-12-07, B 4, H 16, L 4K, D 64, bf16: forward 0.522 ms against
-# 0.487, and the three passes have since taken 0.451 -> 0.350 with their kernels built for
-# mild chunks, docs/benchmarks.md); `python -m experiments.bench_kernels` times both
-# (pallas_causal_per_feature and pallas_causal_per_feature_fused). Read when the op is traced.
+# chunk states, their walk, the outputs), "fused" (chunk_scan_per_feature(fused=
+# "one_warpgroup"): one Mosaic GPU kernel, mosaic_causal.py, one program per (b, h, V-block))
+# or "warps" (fused="warps": the warp-specialized kernel of mosaic_causal_warps.py in runs of
+# chunks, Kp 64), each where every chunk is mild, bf16 on Hopper or in the interpreter, picked
+# at run time; the three passes otherwise. "three_passes": the one-warpgroup kernel is slower
+# (one H100, 2026-12-07, B 4, H 16, L 4K, D 64, bf16: forward 0.522 ms against 0.487, and the
+# three passes have since taken 0.451 -> 0.350 with their kernels built for mild chunks,
+# docs/benchmarks.md); "warps" not yet timed on a GPU. `python -m experiments.bench_kernels`
+# times all three (pallas_causal_per_feature, pallas_causal_per_feature_fused,
+# pallas_causal_per_feature_warps). Read when the op is traced.
 PER_FEATURE_FORWARD = "three_passes"
 # Columns of v (and of the state) per program in the per-feature op's three passes: each of
 # the Vp / this V-blocks recomputes its chunk's decayed q and k (Kp 128: two blocks of 64, each
@@ -154,11 +157,16 @@ def _causal(q, k, v, g, s0, cfg):
 
 
 def _forward_switch(g, cfg):
-    """``{"fused": True}`` where the settings pick a one-kernel causal forward: per-feature
-    decay under ``PER_FEATURE_FORWARD``, the two-pass scan of per-token decay under
-    ``CAUSAL_FORWARD``; else ``{}``."""
+    """``{"fused": ...}`` where the settings pick a one-kernel causal forward: per-feature
+    decay under ``PER_FEATURE_FORWARD`` (the kernel's name), the two-pass scan of per-token
+    decay under ``CAUSAL_FORWARD`` (True); else ``{}``."""
     if g.ndim == 4:
-        return {"fused": True} if PER_FEATURE_FORWARD == "fused" else {}
+        kernels = {"three_passes": None, "fused": "one_warpgroup", "warps": "warps"}
+        if PER_FEATURE_FORWARD not in kernels:
+            raise ValueError(f"linear_attention.PER_FEATURE_FORWARD must be one of "
+                             f"{tuple(kernels)}; got {PER_FEATURE_FORWARD!r}")
+        fused = kernels[PER_FEATURE_FORWARD]
+        return {} if fused is None else {"fused": fused}
     mode = CAUSAL_FORWARD
     if mode == "auto":
         mode = "two_pass" if cfg["interpret"] else "fused"

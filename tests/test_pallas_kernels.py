@@ -461,13 +461,15 @@ def test_fused_causal_forward(rng, monkeypatch, spy, L, K, V, decay, with_s0):
 
 
 @pytest.mark.parametrize("decay,with_s0", [("mild", True), ("strong", False)])
-def test_per_feature_fused_forward(rng, monkeypatch, spy, decay, with_s0):
-    """``PER_FEATURE_FORWARD = "fused"``: the per-feature causal op's forward as one Mosaic GPU
-    kernel where every chunk is mild (the three passes otherwise, by lax.cond at run time)
-    against float64, forward and gradients, bf16, odd L, K != V."""
+@pytest.mark.parametrize("setting,name", [("fused", "causal_forward_mosaic"),
+                                          ("warps", "causal_forward_warps")])
+def test_per_feature_fused_forward(rng, monkeypatch, spy, decay, with_s0, setting, name):
+    """``PER_FEATURE_FORWARD = "fused"`` or ``"warps"``: the per-feature causal op's forward as
+    one Mosaic GPU kernel where every chunk is mild (the three passes otherwise, by lax.cond at
+    run time) against float64, forward and gradients, bf16, odd L, K != V."""
     from pallas_kernels import linear_attention, per_feature
-    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "fused")
-    calls = spy(per_feature, "causal_forward_mosaic")  # clears the caches
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", setting)
+    calls = spy(per_feature, name)  # clears the caches
     B, L, H, K, V = 1, 130, 2, 40, 48
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay, per_feature=True)
     g = g / 4 if decay == "mild" else g  # chunks of 64 summing to about -4: all mild
@@ -495,7 +497,12 @@ def test_causal_forward_auto(monkeypatch):
     assert switch(scalar, dict(compiled, algorithm="sequential")) == {}
     assert switch(per_feature, compiled) == {}  # PER_FEATURE_FORWARD = "three_passes"
     monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "fused")
-    assert switch(per_feature, compiled) == {"fused": True}
+    assert switch(per_feature, compiled) == {"fused": "one_warpgroup"}
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "warps")
+    assert switch(per_feature, compiled) == {"fused": "warps"}
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "fast")
+    with pytest.raises(ValueError, match="PER_FEATURE_FORWARD must be one of"):
+        switch(per_feature, compiled)
     monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "two_pass")
     assert switch(scalar, compiled) == {}
 
