@@ -19,9 +19,9 @@ Times forward and forward+backward (B=4, H=16, bf16 by default), in one process:
             with the float32 scans as its backward (pallas_causal_per_feature_scans,
             ``PER_FEATURE_BACKWARD = "scans"``; the default is the chunk-parallel bf16
             backward), and those scans' products as one TF32 pass instead of three bf16 ones
-            (pallas_causal_per_feature_tf32), and its forward as one Mosaic GPU kernel
-            (pallas_causal_per_feature_fused, ``PER_FEATURE_FORWARD = "fused"``, one
-            warpgroup; pallas_causal_per_feature_warps, ``"warps"``); the
+            (pallas_causal_per_feature_tf32), and its forward as three passes instead of
+            one Mosaic GPU kernel (pallas_causal_per_feature_three_passes,
+            ``PER_FEATURE_FORWARD = "three_passes"``); the
             causal op and LION with the Triton gradients kernels in place of the Mosaic GPU
             ones (pallas_causal_triton_grads, pallas_lion_triton_grads, ``GRADS_KERNEL =
             "triton"``), and with the Mosaic GPU chunk kernels' exp as the approximate
@@ -198,8 +198,7 @@ SETTINGS = {
     "pallas_causal_per_feature_tf32": {"FLOAT32_X3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32,
                                        "PER_FEATURE_BACKWARD": "scans"},
     "pallas_causal_per_feature_scans": {"PER_FEATURE_BACKWARD": "scans"},
-    "pallas_causal_per_feature_fused": {"PER_FEATURE_FORWARD": "fused"},
-    "pallas_causal_per_feature_warps": {"PER_FEATURE_FORWARD": "warps"},
+    "pallas_causal_per_feature_three_passes": {"PER_FEATURE_FORWARD": "three_passes"},
     "pallas_causal_two_kernels": {"CAUSAL_FORWARD": "two_pass"},
     "pallas_causal_triton_grads": {"GRADS_KERNEL": "triton"},
     "pallas_lion_triton_grads": {"GRADS_KERNEL": "triton"},
@@ -488,9 +487,8 @@ def sweep(B, L, H, dims, reps, rng):
                 lambda q, k, v, dy, g, s, den, h, hl, o=one, w=warps: lion_backward(
                     q, k, v, g, dy, hl, y=v, y_low=v, den=den, normalize=True, one_kernel=o,
                     num_warps=w, grads="triton"))
-    for fused in (None, "one_warpgroup", "warps"):  # per-feature decay: three passes or one
-        label = "three passes" if fused is None else f"one Mosaic kernel, {fused}"  # kernel
-        stages[f"per-feature forward, {label}"] = (
+    for fused in (False, True):  # per-feature decay: three passes, or one Mosaic kernel
+        stages[f"per-feature forward, {'one Mosaic kernel' if fused else 'three passes'}"] = (
             lambda q, k, v, dy, g, *_, f=fused: chunk_scan_per_feature(
                 q, k, v, jnp.broadcast_to(g[..., None], q.shape), out_dtype=jnp.bfloat16,
                 fused=f))
@@ -540,10 +538,9 @@ RATIOS = [  # (ours, peer): ratio = peer time / our time (> 1: ours faster)
     ("pallas_causal_approx_exp", "pallas_causal_2pass"),
     ("pallas_lion_approx_exp", "pallas_lion_2pass"),
     ("pallas_causal_per_feature", "jla_gla"), ("pallas_causal_per_feature_tf32", "jla_gla"),
-    ("pallas_causal_per_feature_scans", "jla_gla"), ("pallas_causal_per_feature_fused", "jla_gla"),
-    ("pallas_causal_per_feature_fused", "pallas_causal_per_feature"),
-    ("pallas_causal_per_feature_warps", "jla_gla"),
-    ("pallas_causal_per_feature_warps", "pallas_causal_per_feature"),
+    ("pallas_causal_per_feature_scans", "jla_gla"),
+    ("pallas_causal_per_feature_three_passes", "jla_gla"),
+    ("pallas_causal_per_feature", "pallas_causal_per_feature_three_passes"),
     ("pallas_lion_plain", "jla_lion_2pass"),
     ("pallas_lion_plain", "cudnn_full")]
 # The kernels' speed targets: (label, ours, peers, pass, test, bound, only at L). ">=": the

@@ -109,22 +109,25 @@ CAUSAL_FORWARD = "auto"
 # docs/benchmarks.md, "Interleaved A/Bs").
 GRADS_KERNEL = "auto"
 # The causal forward of per-feature decay: "three_passes" (per_feature.chunk_scan_per_feature:
-# chunk states, their walk, the outputs), "fused" (chunk_scan_per_feature(fused=
-# "one_warpgroup"): one Mosaic GPU kernel, mosaic_causal.py, one program per (b, h, V-block))
-# or "warps" (fused="warps": the warp-specialized kernel of mosaic_causal_warps.py in runs of
-# chunks, Kp 64), each where every chunk is mild, bf16 on Hopper or in the interpreter, picked
-# at run time; the three passes otherwise. "three_passes": the one-warpgroup kernel is slower
-# (one H100, 2026-12-07, B 4, H 16, L 4K, D 64, bf16: forward 0.522 ms against 0.487, and the
-# three passes have since taken 0.451 -> 0.350 with their kernels built for mild chunks,
-# docs/benchmarks.md); "warps" not yet timed on a GPU. `python -m experiments.bench_kernels`
-# times all three (pallas_causal_per_feature, pallas_causal_per_feature_fused,
-# pallas_causal_per_feature_warps). Read when the op is traced.
-PER_FEATURE_FORWARD = "three_passes"
+# chunk states, their walk, the outputs), "fused" (chunk_scan_per_feature(fused=True): one
+# Mosaic GPU kernel, mosaic_causal.py, where every chunk is mild, bf16 on Hopper or in the
+# interpreter, picked at run time; the three passes otherwise; with gradients it also stores
+# the chunk states per_feature_grads reads), or "auto": "fused" when compiled, the three
+# passes in the interpreter (their kernels are the CPU tests'; the fused kernel's tests set
+# "fused"). In interleaved A/Bs on one H100 (2026-12-07, B 4, H 16, L 4K, bf16, mild decay,
+# docs/benchmarks.md, "Per-feature decay's settings") "fused" took the forward at D 128 from
+# 1.008-1.026 ms to 0.765 and forward + backward from 2.982 to 2.652 (both with
+# per_feature_grads' D 128 settings), and at D 64 the forward from 0.367-0.386 to 0.370 and
+# forward + backward from 1.137-1.160 to 1.095. Read when the op is traced.
+PER_FEATURE_FORWARD = "auto"
 # Columns of v (and of the state) per program in the per-feature op's three passes: each of
 # the Vp / this V-blocks recomputes its chunk's decayed q and k (Kp 128: two blocks of 64, each
-# taking 2 x 64 x 128 exponentials per chunk). Not yet compared on a GPU; read when the op is
-# traced (`python -m experiments.ab_settings --op pallas_causal_per_feature --length 4096
-# --dims 128 --variant bv128:PER_FEATURE_BLOCK_V=128`).
+# taking 2 x 64 x 128 exponentials per chunk). With the three passes' forward, 128 took 0.902
+# ms against 1.008-1.026 at D 128 (one H100, 2026-12-07, the A/B above, `python -m
+# experiments.ab_settings --op pallas_causal_per_feature --length 4096 --dims 128 --pass fwd
+# --variant bv128:PER_FEATURE_BLOCK_V=128`); left at 64 since the fused forward takes those
+# inputs, and the three passes' others (chunks of strong decay, GPUs before Hopper) are not
+# timed with it. Read when the op is traced.
 PER_FEATURE_BLOCK_V = 64
 # Head dims below this are zero-padded to it (the kernels' tiles need 16 rows for tl.dot): the
 # padded features of q and k add exact zeros to every q . k, the padded value columns give
@@ -157,16 +160,16 @@ def _causal(q, k, v, g, s0, cfg):
 
 
 def _forward_switch(g, cfg):
-    """``{"fused": ...}`` where the settings pick a one-kernel causal forward: per-feature
-    decay under ``PER_FEATURE_FORWARD`` (the kernel's name), the two-pass scan of per-token
-    decay under ``CAUSAL_FORWARD`` (True); else ``{}``."""
+    """``{"fused": True}`` where the settings pick a one-kernel causal forward: per-feature
+    decay under ``PER_FEATURE_FORWARD``, the two-pass scan of per-token decay under
+    ``CAUSAL_FORWARD``; else ``{}``."""
     if g.ndim == 4:
-        kernels = {"three_passes": None, "fused": "one_warpgroup", "warps": "warps"}
-        if PER_FEATURE_FORWARD not in kernels:
-            raise ValueError(f"linear_attention.PER_FEATURE_FORWARD must be one of "
-                             f"{tuple(kernels)}; got {PER_FEATURE_FORWARD!r}")
-        fused = kernels[PER_FEATURE_FORWARD]
-        return {} if fused is None else {"fused": fused}
+        if PER_FEATURE_FORWARD not in ("auto", "fused", "three_passes"):
+            raise ValueError(f"linear_attention.PER_FEATURE_FORWARD must be 'auto', 'fused' or "
+                             f"'three_passes'; got {PER_FEATURE_FORWARD!r}")
+        use = PER_FEATURE_FORWARD == "fused" or (PER_FEATURE_FORWARD == "auto"
+                                                 and not cfg["interpret"])
+        return {"fused": True} if use else {}
     mode = CAUSAL_FORWARD
     if mode == "auto":
         mode = "two_pass" if cfg["interpret"] else "fused"
@@ -199,11 +202,11 @@ def _causal_fwd(q, k, v, g, s0, cfg):
     if _fused_causal_backward(q, v, g, cfg) and keep:
         y, state, h = chunk_scan_two_pass(q, k, v, g, s0, out_dtype=v.dtype, return_states=True,
                                           **_fused_cfg(cfg), **_forward_switch(g, cfg))
-    elif _chunks_backward(q, g) and keep and not _forward_switch(g, cfg):
-        # the three passes' chunk states, which per_feature_grads would walk again (it takes
-        # them in the input dtype)
+    elif _chunks_backward(q, g) and keep:
+        # the chunk states (three passes' or one kernel's), which per_feature_grads would walk
+        # again (it takes them in the input dtype)
         y, state, h = _scan(q, k, v, g, s0, out_dtype=v.dtype, return_states=True,
-                            states_dtype=q.dtype, **cfg)
+                            states_dtype=q.dtype, **cfg, **_forward_switch(g, cfg))
     else:
         y, state = _causal(q, k, v, g, s0, cfg)
     return (y, state), (q, k, v, g, s0, state, h)

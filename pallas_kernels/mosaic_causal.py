@@ -36,9 +36,8 @@ rounded to it (the update's keys twice: ``K e^-b``, then times ``e^(b_last)``), 
 accumulate in float32.
 
 Per-token decay (``g [B, L, H]``) has its one-kernel forward in ``mosaic_causal_warps.py``
-(warp-specialized, in runs of chunks), which also takes per-feature decay at Kp 64 (the same
-math as this kernel; ``linear_attention.PER_FEATURE_FORWARD`` picks); it shares this module's
-layout checks (:func:`layout_reason`), constants and :func:`feature_cumsums`.
+(warp-specialized, in runs of chunks); it shares this module's layout checks
+(:func:`layout_reason`) and constants.
 """
 
 import functools
@@ -237,7 +236,9 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, store_states=Fals
     B, L, H, kp = q.shape
     vp = v.shape[-1]
     N = L // chunk
-    b, last = feature_cumsums(g, chunk)
+    # b: chunk-local inclusive cumsums per feature; and b at each chunk's end
+    b = jnp.cumsum(g.reshape(B, N, chunk, H, kp), axis=2)
+    last = b[:, :, -1].transpose(0, 2, 1, 3).reshape(B, H, N * kp)
     out_type = [jax.ShapeDtypeStruct((B, L, H, vp), q.dtype)]
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
@@ -246,15 +247,5 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, store_states=Fals
         functools.partial(_kernel, chunk=chunk, bv=BLOCK_V, stages=stages, store=store_states),
         out_type=tuple(out_type), grid=(B, H, vp // BLOCK_V), grid_names=tuple("bhj"),
         interpret=interpret, compiler_params=compiler_params(),
-    )(q, k, v, b, last, s0)
+    )(q, k, v, b.reshape(B, L, H, kp), last, s0)
     return (y, rest[-1], rest[0]) if store_states else (y, rest[-1])
-
-
-def feature_cumsums(g, chunk):
-    """Per-feature log-decays ``g [B, L, H, Kp]`` as the one-product kernels read them: ``(b
-    [B, L, H, Kp], last [B, H, N * Kp])`` float32, b the chunk-local inclusive cumulative sums
-    and ``last`` b at each chunk's last token (chunk n's ``Kp`` entries at ``n * Kp``)."""
-    B, L, H, kp = g.shape
-    b = jnp.cumsum(g.astype(jnp.float32).reshape(B, L // chunk, chunk, H, kp), axis=2)
-    last = b[:, :, -1].transpose(0, 2, 1, 3).reshape(B, H, -1)
-    return b.reshape(B, L, H, kp), last

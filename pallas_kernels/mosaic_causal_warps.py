@@ -11,17 +11,7 @@ the state ``S`` entering the chunk and ``d = exp(A_last)``,
 
 (``A``, ``e^A`` and ``e^tail``: the rows of ``chunk_scan.mask_rows``). Every exponent of the
 mask is at most 0 where it is kept, so one build takes every decay (down to -20 per token and
-beyond).
-
-Per-feature decay (``g [B, L, H, Kp]``, bf16, every chunk mild, which the caller checks:
-``per_feature.chunk_scan_per_feature(fused="warps")``) runs in the same kernel in GLA's
-one-product form, as ``mosaic_causal.py``'s one-warpgroup kernel computes it: with ``b`` the
-chunk-local cumulative log-decays per feature, ``W = (Q e^b)(K e^-b)^T`` masked causally,
-``O = W V + (Q e^b) S`` and ``S <- diag(e^(b_last)) S + (K e^(b_last - b))^T V``. Each slot
-then holds the float32 tile b ``[C, Kp]`` and its last row instead of the four decay rows, and
-the chain's operand is the decayed keys (``[C, Kp]``) instead of the decayed values, which at
-Kp 128 leaves the tiles beyond shared memory: Kp 64 only. The runs' entering states come from
-:func:`feature_run_states` (XLA).
+beyond). Per-feature decay has its one-kernel forward in ``mosaic_causal.py``.
 
 Why one kernel: the two-pass forward walks the chunks once to store every chunk's state in
 HBM (``L Kp Vp / C`` entries) and reads them back in the output kernel. Here the program that
@@ -83,10 +73,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import (entering_states, mask_rows, runs_until,
                                        stacked_decay_factors)
-from pallas_kernels.mosaic_causal import (BLOCK_V, CHUNK, ONE_PRODUCT_RANGE, feature_cumsums,
-                                          layout_reason)
+from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, ONE_PRODUCT_RANGE, layout_reason
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
-from pallas_kernels.mosaic_tiles import (COLS, DECAY_ROWS, ROWS, WGMMA, causal_mask, cols_of,
+from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
                                         compiler_params, rows_of, tile_iota)
 
 # Pipeline slots: the most of these that fit in shared memory (3 at Kp = 64 and 128; on one
@@ -114,57 +103,42 @@ RUN_STATES_PROGRAMS = 512
 ONE_PRODUCT_W = False
 
 
-def smem_bytes(chunk, kp, bv, itemsize, stages, one_product=False, per_feature=False):
-    """Shared memory of one program when compiled: ``stages`` slots of q, k, v and the decays
-    (four rows; ``per_feature``: the float32 tile b and its last row); the chain's two operand
-    tiles (``e^tail V``; per feature ``K e^(b_last - b)``) and two state tiles; the outputs'
-    two y tiles (and with ``one_product``, always per feature, the ``K e^-A`` tile); the
-    float32 state tile (first and last state). (The interpreter also keeps a W tile.)"""
-    decays = 4 * (chunk * kp + kp) if per_feature else len(DECAY_ROWS) * 4 * chunk
-    slot = (2 * chunk * kp + chunk * bv) * itemsize + decays
-    chain = (2 * chunk * (kp if per_feature else bv) + 2 * kp * bv) * itemsize
-    outputs = (2 * chunk * bv + (one_product or per_feature) * chunk * kp) * itemsize
+def smem_bytes(chunk, kp, bv, itemsize, stages, one_product=False):
+    """Shared memory of one program when compiled: ``stages`` slots of q, k, v and four decay
+    rows; the chain's two ``e^tail V`` tiles and two state tiles; the outputs' two y tiles
+    (and with ``one_product`` the ``K e^-A`` tile); the float32 state tile (first and last
+    state). (The interpreter also keeps a W tile.)"""
+    slot = (2 * chunk * kp + chunk * bv) * itemsize + len(DECAY_ROWS) * 4 * chunk
+    chain = (2 * chunk * bv + 2 * kp * bv) * itemsize
+    outputs = (2 * chunk * bv + one_product * chunk * kp) * itemsize
     return stages * slot + chain + outputs + 4 * kp * bv
 
 
-def pick_stages(kp, itemsize, chunk=CHUNK, per_feature=False):
+def pick_stages(kp, itemsize, chunk=CHUNK):
     """The most pipeline slots of ``STAGES`` that fit in shared memory (the last if none)."""
-    fits = [s for s in STAGES if smem_bytes(chunk, kp, BLOCK_V, itemsize, s,
-                                            per_feature=per_feature) + 4096 <= SMEM_BYTES]
+    fits = [s for s in STAGES
+            if smem_bytes(chunk, kp, BLOCK_V, itemsize, s) + 4096 <= SMEM_BYTES]
     return (fits or STAGES[-1:])[0]
 
 
-def supported(q, v, chunk=CHUNK, stages=None, per_feature=False):
-    """None when :func:`causal_forward_warps` takes these padded inputs (with log-decays per
-    key feature: ``per_feature``), else why."""
-    if per_feature and q.dtype != jnp.bfloat16:
-        return (f"the warp-specialized causal forward with per-feature decay takes bf16 inputs "
-                f"(exp(-b) up to e^20 leaves fp16's range; got {q.dtype})")
-    stages = stages or pick_stages(q.shape[-1], q.dtype.itemsize, chunk, per_feature)
-    smem = smem_bytes(chunk, q.shape[-1], BLOCK_V, q.dtype.itemsize, stages,
-                      per_feature=per_feature)
-    kind = "per-feature " * per_feature
-    return layout_reason(q, v, chunk,
-                         f"warp-specialized {kind}causal forward with {stages} stages", smem)
+def supported(q, v, chunk=CHUNK, stages=None):
+    """None when :func:`causal_forward_warps` takes these padded inputs, else why."""
+    stages = stages or pick_stages(q.shape[-1], q.dtype.itemsize, chunk)
+    smem = smem_bytes(chunk, q.shape[-1], BLOCK_V, q.dtype.itemsize, stages)
+    return layout_reason(q, v, chunk, f"warp-specialized causal forward with {stages} stages",
+                         smem)
 
 
-def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run, bv, stages,
-            store, registers, one_product, per_feature):
+def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stages, store,
+            registers, one_product):
     """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; ``decay_ref [3, B, H, L]`` float32 rows (A,
-    e^A, e^tail) and ``last_ref`` None, or with ``per_feature`` the float32 chunk-local
-    cumulative log-decays ``b [B, L, H, Kp]`` and ``last_ref [B, H, N * Kp]``, b at each
-    chunk's last token (``mosaic_causal.feature_cumsums``); s0 ``[B, H, R, Kp, Vp]`` float32
-    (the state entering each run) or None;
+    e^A, e^tail); s0 ``[B, H, R, Kp, Vp]`` float32 (the state entering each run) or None;
     outputs y ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (``store``), ends ``[B, H, R, Kp, Vp]``
     float32. ``registers``: W and ``Q e^A`` as register operands (else through shared memory).
     ``one_product``: every chunk's log-decays sum to at least -ONE_PRODUCT_RANGE, and W is
-    ``(Q e^A)(K e^-A)^T`` on and below the diagonal (:data:`ONE_PRODUCT_W`); per feature
-    always, ``(Q e^b)(K e^-b)^T``.
-
-    Per feature the chain's operand is ``K e^(b_last - b) [C, Kp]`` (V read as it is) and the
-    state decays by ``e^(b_last)`` on its rows; the outputs take ``Q e^b`` and ``K e^-b``.
+    ``(Q e^A)(K e^-A)^T`` on and below the diagonal (:data:`ONE_PRODUCT_W`).
     """
     refs = list(refs)
     y_ref = refs.pop(0)
@@ -181,9 +155,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
     slot_of = lambda n, count: lax.rem(n, jnp.asarray(count, n.dtype))
 
     def body(bufs, loaded, consumed, state_ready, state_free, s_bar):
-        # decay_buf: the decay rows, or per feature the b tiles; op_buf: the chain's operand
-        q_buf, k_buf, v_buf, decay_buf, op_buf, st_buf, y_buf, s32, *extra = bufs
-        last_buf = extra.pop(0) if per_feature else None
+        q_buf, k_buf, v_buf, rows_buf, vt_buf, st_buf, y_buf, s32, *extra = bufs
         ke_s = extra.pop(0) if one_product else None  # K e^-A
         w_s = extra.pop(0) if not registers else None
 
@@ -193,14 +165,8 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
             plgpu.copy_gmem_to_smem(k_ref.at[b, seq, hd, :], k_buf.at[slot], loaded[1].at[slot])
             plgpu.copy_gmem_to_smem(v_ref.at[b, seq, hd, cols], v_buf.at[slot],
                                     loaded[2].at[slot])
-            if per_feature:
-                plgpu.copy_gmem_to_smem(decay_ref.at[b, seq, hd, :], decay_buf.at[slot],
-                                        loaded[3].at[slot])
-                plgpu.copy_gmem_to_smem(last_ref.at[b, hd, pl.ds((first + n) * kp, kp)],
-                                        last_buf.at[slot], loaded[4].at[slot])
-                return
             for x, row in enumerate(DECAY_ROWS):
-                plgpu.copy_gmem_to_smem(decay_ref.at[row, b, hd, seq], decay_buf.at[slot, x],
+                plgpu.copy_gmem_to_smem(decay_ref.at[row, b, hd, seq], rows_buf.at[slot, x],
                                         loaded[3 + x].at[slot])
 
         def wait_loaded(slot, which):
@@ -234,23 +200,15 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
                 plgpu.barrier_wait(s_bar.at[0])
                 state = plgpu.load(s32, layout=WGMMA)
 
-            def decayed_operand(n):
-                """The update's decayed operand into op_buf[n % 2]: e^tail V, or per feature
-                K e^(b_last - b)."""
+            def decayed_values(n):  # the update's right operand e^tail V into vt_buf[n % 2]
                 slot = slot_of(n, stages)
-                if per_feature:
-                    wait_loaded(slot, (1, 3, 4))  # k, b, b_last (which decays the state)
-                    x = plgpu.load(k_buf.at[slot], layout=WGMMA).astype(f32)
-                    last = cols_of(plgpu.load(last_buf.at[slot], layout=COLS), x.shape)
-                    tail = jnp.exp(last - plgpu.load(decay_buf.at[slot], layout=WGMMA))
-                else:
-                    wait_loaded(slot, (2, 4, 5))  # v, e^A (its last entry decays the state),
-                    x = plgpu.load(v_buf.at[slot], layout=WGMMA).astype(f32)  # e^tail
-                    tail = rows_of(plgpu.load(decay_buf.at[slot, 2], layout=ROWS), x.shape)
-                op_buf[slot_of(n, 2)] = (x * tail).astype(dtype)
+                wait_loaded(slot, (2, 4, 5))  # v, e^A (its last entry decays the state), e^tail
+                v = plgpu.load(v_buf.at[slot], layout=WGMMA).astype(f32)
+                tail = rows_of(plgpu.load(rows_buf.at[slot, 2], layout=ROWS), v.shape)
+                vt_buf[slot_of(n, 2)] = (v * tail).astype(dtype)
                 plgpu.commit_smem()
 
-            decayed_operand(jnp.int32(0))
+            decayed_values(jnp.int32(0))
 
             def step(n, state):
                 slot, half = slot_of(n, stages), slot_of(n, 2)
@@ -269,29 +227,22 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
                     plgpu.barrier_arrive(state_ready.at[half])
                     if store:
                         plgpu.copy_smem_to_gmem(st_s, h_ref.at[b, hd, first + n, :, cols])
-                with jax.named_scope("chain: wait for k"):  # per feature: for v
-                    wait_loaded(slot, (2,) if per_feature else (1,))
+                with jax.named_scope("chain: wait for k"):
+                    wait_loaded(slot, (1,))
 
-                def mma(acc):  # S <- e^(A_last) S + K^T (e^tail V), or per feature (K e^tail)^T V
-                    if per_feature:
-                        plgpu.wgmma(acc, op_buf.at[half].transpose((1, 0)), v_buf.at[slot])
-                    else:
-                        plgpu.wgmma(acc, k_buf.at[slot].transpose((1, 0)), op_buf.at[half])
+                def mma(acc):  # S <- e^(A_last) S + K^T (e^tail V)
+                    plgpu.wgmma(acc, k_buf.at[slot].transpose((1, 0)), vt_buf.at[half])
 
                     @pl.when(n + 1 < run)
                     def _():  # the next chunk's operand while the wgmma runs
-                        decayed_operand(n + 1)
+                        decayed_values(n + 1)
 
                     return acc[...]
 
                 with jax.named_scope("chain: update wgmma, next e^tail V"):
                     update = pl.run_scoped(mma, plgpu.ACC((kp, bv), f32))
                 with jax.named_scope("chain: decay and add"):
-                    if per_feature:  # e^(b_last) on the state's rows
-                        decay = rows_of(jnp.exp(plgpu.load(last_buf.at[slot], layout=ROWS)),
-                                        (kp, bv))
-                    else:
-                        decay = decay_buf[slot, 1, chunk - 1]
+                    decay = rows_buf[slot, 1, chunk - 1]
                     plgpu.barrier_arrive(consumed.at[slot])
                     return state * decay + update
 
@@ -315,14 +266,11 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
                 plgpu.wgmma(acc, left, right.transpose((1, 0)))
                 return acc[...]
 
-            def decayed(x_s, slot, negate=False):
-                """The chunk's ``[C, Kp]`` tile x_s times e^A (per feature e^b) or, with
-                ``negate``, e^-A (e^-b), in the input dtype."""
+            def decayed(x_s, row, negate=False):
+                """The chunk's ``[C, Kp]`` tile x_s times e^A (``row``: rows_buf's e^A) or, with
+                ``negate``, e^-A (``row``: its A), in the input dtype."""
                 x = plgpu.load(x_s, layout=WGMMA).astype(f32)
-                if per_feature:
-                    b_tile = plgpu.load(decay_buf.at[slot], layout=WGMMA)
-                    return (x * jnp.exp(-b_tile if negate else b_tile)).astype(dtype)
-                factor = plgpu.load(decay_buf.at[slot, 0 if negate else 1], layout=ROWS)
+                factor = plgpu.load(row, layout=ROWS)
                 factor = jnp.exp(-factor) if negate else factor
                 return (x * rows_of(factor, x.shape)).astype(dtype)
 
@@ -342,11 +290,11 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
                 """W and Q e^A, as the y wgmmas take them (``Q e^A`` over the slot's q in the
                 interpreter, once nothing reads q any more)."""
                 queries = lambda: operand(  # noqa: E731
-                    decayed(q_buf.at[slot], slot), q_buf.at[slot])
+                    decayed(q_buf.at[slot], rows_buf.at[slot, 1]), q_buf.at[slot])
                 if one_product:
                     with jax.named_scope("outputs: Q e^A, K e^-A"):
                         q_op = queries()
-                        ke_s[...] = decayed(k_buf.at[slot], slot, negate=True)
+                        ke_s[...] = decayed(k_buf.at[slot], rows_buf.at[slot, 0], negate=True)
                         plgpu.commit_smem()
                     with jax.named_scope("outputs: W wgmma"):
                         w = jnp.where(causal, scored(q_op, ke_s), 0.0)
@@ -354,16 +302,15 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
                     with jax.named_scope("outputs: Q K^T wgmma"):
                         s = scored(q_buf.at[slot], k_buf.at[slot])
                     with jax.named_scope("outputs: mask, Q e^A"):
-                        w = s * causal_mask(decay_buf.at[slot, 0], decay_buf.at[slot, 3],
-                                            causal)
+                        w = s * causal_mask(rows_buf.at[slot, 0], rows_buf.at[slot, 3], causal)
                         q_op = queries()
                 return operand(w.astype(dtype), w_s), q_op
 
             @pl.loop(0, run)
             def _(n):
                 slot, half = slot_of(n, stages), slot_of(n, 2)
-                with jax.named_scope("outputs: wait for the inputs"):  # q, k, v, decays
-                    wait_loaded(slot, (0, 1, 2, 3) if per_feature else (0, 1, 2, 3, 4, 6))
+                with jax.named_scope("outputs: wait for the inputs"):
+                    wait_loaded(slot, (0, 1, 2, 3, 4, 6))
                 w_op, q_op = w_and_queries(slot)
                 with jax.named_scope("outputs: wait for the state"):
                     plgpu.barrier_wait(state_ready.at[half])
@@ -386,25 +333,20 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, last_ref, s0_ref, *refs, chunk, run,
 
             plgpu.wait_smem_to_gmem(0)
 
-    decays = (plgpu.SMEM((stages, chunk, kp), f32, transforms=_TILE32) if per_feature
-              else plgpu.SMEM((stages, len(DECAY_ROWS), chunk), f32))
     bufs = [plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, chunk, bv), dtype, transforms=_TILE16),
-            decays,
-            plgpu.SMEM((2, chunk, kp if per_feature else bv), dtype, transforms=_TILE16),
+            plgpu.SMEM((stages, len(DECAY_ROWS), chunk), f32),
+            plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((kp, bv), f32, transforms=_TILE32)]
-    if per_feature:
-        bufs.append(plgpu.SMEM((stages, kp), f32))
     if one_product:
         bufs.append(plgpu.SMEM((chunk, kp), dtype, transforms=_TILE16))
     if not registers:
         bufs.append(plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16))
-    decay_loads = 2 if per_feature else len(DECAY_ROWS)
     pl.run_scoped(
-        body, bufs, [plgpu.Barrier(num_barriers=stages)] * (3 + decay_loads),
+        body, bufs, [plgpu.Barrier(num_barriers=stages)] * (3 + len(DECAY_ROWS)),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages), plgpu.Barrier(num_barriers=2),
         plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=1), collective_axes="wg")
 
@@ -435,32 +377,6 @@ def run_states(k, v, g, s0, *, chunk, splits, interpret):
     return entering_states(ends, d[0], s0, reverse=False)[:, :, ::per_run]
 
 
-def feature_run_states(k, v, g, s0, *, chunk, splits):
-    """As :func:`run_states` for log-decays per key feature ``g [B, L, H, Kp]`` (float32), in
-    XLA: each run but the last walked from zero as one product, its keys decayed to the run's
-    end and rounded to the input dtype (as the chain rounds ``K e^(b_last - b)``) against its
-    values, float32 sums; then the runs' scan from s0 (``chunk_scan.entering_states``)."""
-    if splits == 1:
-        return None if s0 is None else s0[:, :, None]
-    B, L, H, kp = k.shape
-    N = L // chunk
-    run = N // splits
-    cum = jnp.cumsum(g.reshape(B, splits, run, chunk, H, kp), axis=3)
-    sums = cum[:, :, :, -1]  # [B, R, run, H, Kp]: each chunk's log-decays summed
-    # each chunk's later chunks of its run, summed (every exponent a sum of its own segment)
-    later = jnp.flip(jnp.cumsum(jnp.flip(sums[:, :, 1:], 2), 2), 2)
-    later = jnp.concatenate([later, jnp.zeros_like(sums[:, :, :1])], axis=2)
-    tail = cum[:, :, :, -1:] - cum + later[:, :, :, None]  # after token j to the run's end
-    keys = (k.reshape(cum.shape) * jnp.exp(tail)).astype(k.dtype)[:, :-1]
-    values = v.reshape(B, splits, run, chunk, H, v.shape[-1])[:, :-1]
-    ends = jnp.einsum("brnchk,brnchv->bhrkv", keys, values,
-                      preferred_element_type=jnp.float32)
-    # the last run's end as zero: entering_states reads it only after the last state
-    ends = jnp.pad(ends, [(0, 0), (0, 0), (0, 1), (0, 0), (0, 0)])
-    d = jnp.exp(sums).reshape(B, N, H, kp).transpose(0, 2, 1, 3)
-    return entering_states(ends, d, s0, reverse=False)
-
-
 def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
                          stages=None, interpret=None, registers=None, profile_dir=None):
     """The causal forward pass (not strict) of padded inputs in the warp-specialized kernel.
@@ -469,10 +385,7 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
       q, k: ``[B, L, H, Kp]``; v: ``[B, L, H, Vp]``, bf16 or fp16, padded as
         ``chunk_scan.pad_layout`` pads them (see :func:`supported`), L a multiple of
         ``chunk``.
-      g: float32 per-token log-decays ``[B, L, H]`` (entries <= 0), or per key feature
-        ``[B, L, H, Kp]`` with every chunk's summing to at least ``-ONE_PRODUCT_RANGE`` in
-        every feature, which the caller checks (GLA's one-product form, ``exp(-b)`` up to
-        ``e^20``; bf16 only).
+      g: float32 per-token log-decays ``[B, L, H]`` (entries <= 0).
       s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first token.
       splits: runs to cut the chunks into (a power of two dividing N; module docstring).
       store_states: also return the state entering every chunk (the backward's residual).
@@ -488,35 +401,26 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
       ``(y [B, L, H, Vp] q.dtype, final [B, H, Kp, Vp] float32)``, then with
       ``store_states`` ``h [B, H, N, Kp, Vp]`` q.dtype.
     """
-    per_feature = g.ndim == 4
-    if g.shape not in (q.shape[:3], q.shape):
-        raise ValueError(f"the warp-specialized causal forward takes log-decays [B, L, H] = "
-                         f"{q.shape[:3]} or per key feature [B, L, H, Kp] = {q.shape} (got "
-                         f"{g.shape})")
-    if (reason := supported(q, v, chunk, stages, per_feature)) is not None:
+    if g.ndim != 3:
+        raise ValueError(f"the warp-specialized causal forward takes scalar log-decays "
+                         f"[B, L, H] (got {g.shape}); per-feature decay: causal_forward_mosaic")
+    if (reason := supported(q, v, chunk, stages)) is not None:
         raise ValueError(reason)
     B, L, H, kp = q.shape
-    stages = stages or pick_stages(kp, q.dtype.itemsize, chunk, per_feature)
+    stages = stages or pick_stages(kp, q.dtype.itemsize, chunk)
     if registers is None:  # the interpreter takes no register operands
         registers = interpret is None
     vp = v.shape[-1]
     N, nvb = L // chunk, vp // BLOCK_V
-    if splits < 1 or N % splits:
-        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
-    if per_feature:
-        s0 = feature_run_states(k, v, g, s0, chunk=chunk, splits=splits)
-        decays = feature_cumsums(g, chunk)
-    else:
-        s0 = run_states(k, v, g, s0, chunk=chunk, splits=splits, interpret=interpret)
-        decays = (mask_rows(g, chunk), None)
+    s0 = run_states(k, v, g, s0, chunk=chunk, splits=splits, interpret=interpret)
     out_type = [jax.ShapeDtypeStruct((B, L, H, vp), q.dtype)]
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
     out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
+    rows = mask_rows(g, chunk)
 
     def smem(one_product):
-        return smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages, one_product,
-                          per_feature)
+        return smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages, one_product)
 
     def kernel(one_product):
         params = compiler_params()
@@ -529,17 +433,14 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
                                      profile_bounds_check=True)
         return plgpu.kernel(
             functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
-                              store=store_states, registers=registers, one_product=one_product,
-                              per_feature=per_feature),
+                              store=store_states, registers=registers, one_product=one_product),
             out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
             num_threads=3, thread_name="wg", interpret=interpret, compiler_params=params,
-        )(q, k, v, *decays, s0)
+        )(q, k, v, rows, s0)
 
-    if per_feature:  # the caller has checked that every chunk is mild
-        y, *rest = kernel(True)
-    elif ONE_PRODUCT_W and q.dtype == jnp.bfloat16 and smem(True) + 4096 <= SMEM_BYTES:
-        # decays[0][0] holds the chunks' inclusive cumsums, whose least is the least chunk sum
-        mild = jnp.min(decays[0][0]) >= -ONE_PRODUCT_RANGE
+    if ONE_PRODUCT_W and q.dtype == jnp.bfloat16 and smem(True) + 4096 <= SMEM_BYTES:
+        # rows[0] holds the chunks' inclusive cumsums, whose least is the least chunk sum
+        mild = jnp.min(rows[0]) >= -ONE_PRODUCT_RANGE
         y, *rest = jax.lax.cond(mild, lambda: kernel(True), lambda: kernel(False))
     else:
         y, *rest = kernel(False)

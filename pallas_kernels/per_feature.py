@@ -72,12 +72,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state, runs_until
-from pallas_kernels.mosaic_causal import BLOCK_V, ONE_PRODUCT_RANGE, causal_forward_mosaic
-from pallas_kernels.mosaic_causal import supported as one_warpgroup_reason
-from pallas_kernels.mosaic_causal_warps import causal_forward_warps
-from pallas_kernels.mosaic_causal_warps import supported as warps_reason
-from pallas_kernels.two_pass import FUSED_TARGET_PROGRAMS, hopper
+from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state
+from pallas_kernels.mosaic_causal import ONE_PRODUCT_RANGE, causal_forward_mosaic
+from pallas_kernels.mosaic_causal import supported as fused_forward_reason
+from pallas_kernels.two_pass import hopper
 
 _EXACT = jax.lax.Precision.HIGHEST
 # Products of float32 operands as three bf16 tensor-core products (each operand as a bf16 high
@@ -416,7 +414,7 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
                            reverse=False, strict=False, chunk=64, block_v=64,
                            out_dtype=jnp.float32, interpret=False, num_warps=None,
                            num_stages=2, return_states=False, states=None, precision=None,
-                           fused=None, states_dtype=jnp.float32):
+                           fused=False, states_dtype=jnp.float32):
     """Decayed linear scan with per-feature decay (see the module docstring).
 
     Args:
@@ -436,15 +434,13 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
         skipped and the final state returned is None. Not with ``initial_state``.
       precision: of the kernels' products (None: ``chunk_scan.pad_layout``'s, exact float32
         for float32 inputs); see :data:`FLOAT32_X3`.
-      fused: None, or a forward key-decay scan of bf16 inputs writing bf16 (no states asked
-        for or given), on a Hopper GPU or in the interpreter, whose every chunk is mild (each
-        feature's log-decays summing to at least ``-FAST_RANGE``), runs as one Mosaic GPU
-        kernel instead of the three passes (the states walk and the outputs in GLA's
-        one-product form), picked at run time by ``lax.cond``: "one_warpgroup"
-        (``mosaic_causal.py``, one program per (b, h, V-block)) or "warps" (the
-        warp-specialized ``mosaic_causal_warps.py``, in runs of chunks until
-        ``two_pass.FUSED_TARGET_PROGRAMS`` programs; Kp 64). None by default
-        (``linear_attention.PER_FEATURE_FORWARD``).
+      fused: a forward key-decay scan of bf16 inputs writing bf16 (no states given; states
+        asked for only in bf16, ``states_dtype``), on a Hopper GPU or in the interpreter,
+        whose every chunk is mild (each feature's log-decays summing to at least
+        ``-FAST_RANGE``), runs as one Mosaic GPU kernel (``mosaic_causal.py``: the states
+        walk and the outputs in GLA's one-product form, the states stored as it walks)
+        instead of the three passes, picked at run time by ``lax.cond``. The op passes it
+        when compiled (``linear_attention.PER_FEATURE_FORWARD``).
     Returns:
       ``(o [B, L, H, V] out_dtype, final state [B, H, K, V] float32)``, with
       ``return_states`` also ``states [B, H, N, K, V]`` in states_dtype (N = L / chunk): forward,
@@ -484,23 +480,17 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
                   sums=sums)
     three_passes = functools.partial(_three_passes, q, k, v, g, initial_state, states=states,
                                      **passes)
-    if fused is not None and on_key and not (strict or return_states or states is not None):
-        if _one_kernel_reason(q, v, chunk, out_dtype, interpret, fused) is None:
-            def one_kernel():
-                s0 = pad_state(initial_state, kp, vp)
-                mosaic = plgpu.InterpretGPUParams() if interpret else None
-                if fused == "warps":
-                    B, L, H, _ = q.shape
-                    splits = runs_until(B * H * (vp // BLOCK_V), L // chunk,
-                                        FUSED_TARGET_PROGRAMS)
-                    y, final = causal_forward_warps(q, k, v, g, s0, chunk=chunk, splits=splits,
-                                                    interpret=mosaic)
-                else:
-                    y, final = causal_forward_mosaic(q, k, v, g, s0, chunk=chunk,
-                                                     interpret=mosaic)
-                return y[..., :V], final[:, :, :K, :V]
+    states_in_dtype = not return_states or jnp.dtype(states_dtype) == q.dtype
+    if (fused and on_key and not strict and states is None and states_in_dtype
+            and _one_kernel_reason(q, v, chunk, out_dtype, interpret) is None):
+        def one_kernel():
+            y, final, *h = causal_forward_mosaic(
+                q, k, v, g, pad_state(initial_state, kp, vp), chunk=chunk,
+                store_states=return_states,
+                interpret=plgpu.InterpretGPUParams() if interpret else None)
+            return (y[..., :V], final[:, :, :K, :V], *(x[..., :K, :V] for x in h))
 
-            return jax.lax.cond(mild_chunks(g, chunk, sums), one_kernel, three_passes)
+        return jax.lax.cond(mild_chunks(g, chunk, sums), one_kernel, three_passes)
     if on_key and not strict and _fast(q.dtype):
         # key-decay scans that are not strict (the op's forward; in the float32-scans backward
         # also dv's): kernels built for mild chunks only where every chunk is, picked at run
@@ -510,18 +500,14 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     return three_passes()
 
 
-def _one_kernel_reason(q, v, chunk, out_dtype, interpret, fused):
-    """Why the padded inputs of a forward key-decay scan do not take the ``fused`` Mosaic GPU
-    kernel (``chunk_scan_per_feature``'s), or None when they do."""
-    if fused not in ("one_warpgroup", "warps"):
-        raise ValueError(f"fused must be None, 'one_warpgroup' or 'warps'; got {fused!r}")
+def _one_kernel_reason(q, v, chunk, out_dtype, interpret):
+    """Why the padded inputs of a forward key-decay scan do not take the fused Mosaic GPU kernel
+    (``chunk_scan_per_feature(fused=True)``), or None when they do."""
     if not interpret and not hopper():
         return "not on a Hopper GPU"
     if jnp.dtype(out_dtype) != q.dtype:
         return f"out_dtype {jnp.dtype(out_dtype)} is not the inputs' {q.dtype}"
-    if fused == "warps":
-        return warps_reason(q, v, chunk, per_feature=True)
-    return one_warpgroup_reason(q, v, chunk)
+    return fused_forward_reason(q, v, chunk)
 
 
 def _three_passes(q, k, v, g, initial_state, *, decay_on, strict, chunk, block_v, out_dtype,

@@ -55,17 +55,23 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.chunk_scan import _next_pow2
 from pallas_kernels.per_feature import chunk_states_per_feature
 
-NUM_WARPS = 4
-# K features per program: a wider Kp splits into K-blocks, one program each, every program
-# computing its block's dq, dk and d log_decay and its part of dv (``p`` and ``kg D`` sum over
-# K), the parts summed in float32 by XLA. Why: the whole [C, Kp] tiles of one program exceed the
-# 255 registers a thread has and spill (ptxas, sm_90a, on the CPU, 2026-12-07: ``python -m
-# experiments.ptx_resources --kernels per_feature_grads --variant ...``, docs/benchmarks.md):
-# at D 128, 5,566 bytes of spill stores per thread with 4 warps and one block, 140 with 8 warps
-# in blocks of 64, none in blocks of 32. A power of two >= 16; 128 (no split up to D 128)
-# until a GPU A/B times the others (``experiments.ab_settings --op pallas_causal_per_feature
-# --variant bk64:per_feature_grads.BLOCK_K=64,per_feature_grads.NUM_WARPS=8``).
-BLOCK_K = 128
+# Warps per program, and K features per program: a wider Kp splits into K-blocks, one program
+# each, every program computing its block's dq, dk and d log_decay and its part of dv (``p``
+# and ``kg D`` sum over K), the parts summed in float32 by XLA. Why: the whole [C, Kp] tiles of
+# one program exceed the 255 registers a thread has and spill (ptxas, sm_90a, on the CPU,
+# 2026-12-07: ``python -m experiments.ptx_resources --kernels per_feature_grads --variant
+# ...``, docs/benchmarks.md): at D 128, 5,566 bytes of spill stores per thread with 4 warps and
+# one block, 140 with 8 warps in blocks of 64, none in blocks of 32. In interleaved A/Bs on one
+# H100 (2026-12-07, B 4, H 16, L 4K, bf16, the op's forward + backward; docs/benchmarks.md,
+# "Per-feature decay's settings") blocks of 64 with 8 warps took D 128 from 5.51-5.64 ms (one
+# block, 4 warps) to 2.89-2.98, against 3.30-3.32 for one block with 8 warps and 3.42 for
+# blocks of 32; at D 64 (one block either way) 8 warps took 1.044 ms against 1.049-1.064 with 4,
+# and blocks of 32 1.306 (`python -m experiments.ab_settings --op pallas_causal_per_feature
+# --length 4096 --dims 128 --pass fwd+bwd --variant
+# w4:per_feature_grads.BLOCK_K=128,per_feature_grads.NUM_WARPS=4`). BLOCK_K: a power of two
+# >= 16.
+NUM_WARPS = 8
+BLOCK_K = 64
 
 
 def _kernel(q_ref, k_ref, v_ref, dy_ref, g_ref, s_ref, d_ref, dq_ref, dk_ref, dv_ref, dg_ref,

@@ -1,6 +1,6 @@
 """The one-kernel Mosaic GPU causal forwards against float64 numpy: per-token decay
-(``mosaic_causal_warps.causal_forward_warps``) and per-feature decay (the same kernel, and
-the one-warpgroup ``mosaic_causal.causal_forward_mosaic``).
+(``mosaic_causal_warps.causal_forward_warps``) and per-feature decay
+(``mosaic_causal.causal_forward_mosaic``).
 
 CPU (default): the kernel runs in the Mosaic GPU interpreter (``plgpu.InterpretGPUParams``).
 GPU (``LION_TEST_GPU=1``, compute capability >= 9.0): compiled with Mosaic GPU, and also
@@ -144,21 +144,16 @@ def check_warps(case):
     assert errors.get("h", 0.0) <= H_TOL, msg
 
 
-PER_FEATURE_CASES = [  # kernel, L, K, V, decay, initial state, store_states, splits (warps)
-    ("one_warpgroup", 256, 64, 64, "mild", False, True, 1),
-    ("one_warpgroup", 320, 64, 128, "edge", True, False, 1),
-    ("one_warpgroup", 192, 128, 64, "edge", True, True, 1),
-    ("warps", 256, 64, 64, "mild", False, True, 1),
-    ("warps", 576, 64, 128, "edge", True, True, 3),
-    ("warps", 512, 64, 64, "mild", True, False, 8),
+PER_FEATURE_CASES = [  # L, K, V, decay, initial state, store_states
+    (256, 64, 64, "mild", False, True),
+    (320, 64, 128, "edge", True, False),
+    (192, 128, 64, "edge", True, True),
 ]
 
 
-@pytest.mark.parametrize("kernel,L,K,V,decay,with_s0,store,splits", PER_FEATURE_CASES)
-def test_per_feature_against_float64(kernel, L, K, V, decay, with_s0, store, splits):
-    """Per-feature decay (every chunk mild: GLA's one-product form, exp(-b) up to e^20) in the
-    one-warpgroup kernel and the warp-specialized one (in runs of chunks: their entering
-    states from ``feature_run_states``)."""
+@pytest.mark.parametrize("L,K,V,decay,with_s0,store", PER_FEATURE_CASES)
+def test_per_feature_against_float64(L, K, V, decay, with_s0, store):
+    """Per-feature decay (every chunk mild: GLA's one-product form, exp(-b) up to e^20)."""
     seed = np.random.SeedSequence().entropy % 2**32
     B, H = 1, 2
     q, k, v, g = inputs(seed, B, L, H, K, V, jnp.bfloat16, decay, per_feature=True)
@@ -166,13 +161,8 @@ def test_per_feature_against_float64(kernel, L, K, V, decay, with_s0, store, spl
     if with_s0:
         s0 = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((B, H, K, V)) * 0.3,
                          jnp.float32)
-    if kernel == "warps":
-        forward = lambda *a: causal_forward_warps(  # noqa: E731
-            *a, splits=splits, store_states=store, interpret=INTERPRET)
-    else:
-        forward = lambda *a: causal_forward_mosaic(  # noqa: E731
-            *a, store_states=store, interpret=INTERPRET)
-    outs = jax.jit(forward)(q, k, v, g, s0)
+    outs = jax.jit(lambda *a: causal_forward_mosaic(*a, store_states=store,
+                                                    interpret=INTERPRET))(q, k, v, g, s0)
     y, h, final = reference(q, k, v, g, s0, 64)
     errors = {"y": rel_err(outs[0], y), "final": rel_err(outs[1], final)}
     if store:
@@ -182,21 +172,39 @@ def test_per_feature_against_float64(kernel, L, K, V, decay, with_s0, store, spl
 
 
 @pytest.mark.parametrize("decay", ["mild", "strong"])
-@pytest.mark.parametrize("fused,name", [("one_warpgroup", "causal_forward_mosaic"),
-                                        ("warps", "causal_forward_warps")])
-def test_per_feature_scan_takes_the_fused_kernel(decay, fused, name, spy):
-    """chunk_scan_per_feature(fused=...): mild inputs run that one kernel, others the three
+def test_per_feature_scan_takes_the_fused_kernel(decay, spy):
+    """chunk_scan_per_feature(fused=True): mild inputs run the fused kernel, others the three
     passes (lax.cond at run time); both give the float64 results."""
     from pallas_kernels import per_feature
 
-    calls = spy(per_feature, name)
+    calls = spy(per_feature, "causal_forward_mosaic")
     q, k, v, g = inputs(5, 1, 256, 2, 48, 40, jnp.bfloat16, decay, per_feature=True)
     s0 = jnp.asarray(np.random.default_rng(6).standard_normal((1, 2, 48, 40)), jnp.float32)
     y, final = per_feature.chunk_scan_per_feature(q, k, v, g, s0, out_dtype=jnp.bfloat16,
-                                                  interpret=not ON_GPU, fused=fused)
+                                                  interpret=not ON_GPU, fused=True)
     assert len(calls) == 1  # traced once; lax.cond picks at run time
     want_y, _, want_final = reference(q, k, v, g, s0, 64)
     assert rel_err(y, want_y) <= 5e-3 and rel_err(final, want_final) <= 5e-3
+
+
+def test_per_feature_scan_states_from_the_fused_kernel():
+    """chunk_scan_per_feature(fused=True, return_states=True) in the inputs' dtype (what the
+    op's forward keeps for per_feature_grads): the kernel's stored states, as the three
+    passes give them; float32 states keep the three passes."""
+    from pallas_kernels import per_feature
+
+    seed = int(np.random.default_rng().integers(2**31))
+    q, k, v, g = inputs(seed, 1, 320, 2, 40, 72, jnp.bfloat16, "mild", per_feature=True)
+    scan = lambda **kw: per_feature.chunk_scan_per_feature(  # noqa: E731
+        q, k, v, g, out_dtype=jnp.bfloat16, interpret=not ON_GPU, return_states=True, **kw)
+    y, final, h = scan(fused=True, states_dtype=jnp.bfloat16)
+    assert h.dtype == jnp.bfloat16 and h.shape == (1, 2, 5, 40, 72)
+    want_y, want_h, want_final = reference(q, k, v, g, None, 64)
+    errors = (rel_err(y, want_y), rel_err(h, want_h), rel_err(final, want_final))
+    assert max(errors) <= 5e-3, (seed, errors)
+    three = scan(states_dtype=jnp.bfloat16)
+    assert rel_err(h, three[2]) <= 5e-3, seed
+    assert scan(fused=True)[2].dtype == jnp.float32
 
 
 @pytest.mark.parametrize("decay", ["mild", "strong"])
@@ -296,19 +304,11 @@ def test_supported_reasons():
 
 
 def test_warps_bad_inputs():
-    """The warp-specialized kernel refuses log-decays of another shape, float32, unpadded head
-    dims, per-feature decay in fp16 or at Kp 128 (its tiles would not fit) with one line
-    naming the problem."""
+    """The warp-specialized kernel refuses per-feature decay, float32 and unpadded head dims
+    with one line naming the problem."""
     q, k, v, g = inputs(1, 1, 128, 1, 64, 64, jnp.bfloat16, "mild")
-    with pytest.raises(ValueError, match=r"log-decays \[B, L, H\] = \(1, 128, 1\) or per key"):
-        causal_forward_warps(q, k, v, jnp.broadcast_to(g[..., None], q.shape[:3] + (32,)))
-    per_feature = jnp.broadcast_to(g[..., None], q.shape)
-    with pytest.raises(ValueError, match="per-feature decay takes bf16"):
-        causal_forward_warps(q.astype(jnp.float16), k.astype(jnp.float16),
-                             v.astype(jnp.float16), per_feature)
-    wide = jnp.zeros((1, 128, 1, 128), jnp.bfloat16)
-    with pytest.raises(ValueError, match="per-feature causal forward .* shared memory"):
-        causal_forward_warps(wide, wide, v, jnp.zeros(wide.shape, jnp.float32))
+    with pytest.raises(ValueError, match="scalar log-decays"):
+        causal_forward_warps(q, k, v, jnp.broadcast_to(g[..., None], q.shape))
     with pytest.raises(ValueError, match="bf16 or fp16"):
         causal_forward_warps(q.astype(jnp.float32), k, v.astype(jnp.float32), g)
     with pytest.raises(ValueError, match="Kp = 64 or 128"):

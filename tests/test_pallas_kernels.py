@@ -461,15 +461,13 @@ def test_fused_causal_forward(rng, monkeypatch, spy, L, K, V, decay, with_s0):
 
 
 @pytest.mark.parametrize("decay,with_s0", [("mild", True), ("strong", False)])
-@pytest.mark.parametrize("setting,name", [("fused", "causal_forward_mosaic"),
-                                          ("warps", "causal_forward_warps")])
-def test_per_feature_fused_forward(rng, monkeypatch, spy, decay, with_s0, setting, name):
-    """``PER_FEATURE_FORWARD = "fused"`` or ``"warps"``: the per-feature causal op's forward as
-    one Mosaic GPU kernel where every chunk is mild (the three passes otherwise, by lax.cond at
-    run time) against float64, forward and gradients, bf16, odd L, K != V."""
+def test_per_feature_fused_forward(rng, monkeypatch, spy, decay, with_s0):
+    """``PER_FEATURE_FORWARD = "fused"``: the per-feature causal op's forward as one Mosaic GPU
+    kernel where every chunk is mild (the three passes otherwise, by lax.cond at run time)
+    against float64, forward and gradients, bf16, odd L, K != V."""
     from pallas_kernels import linear_attention, per_feature
-    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", setting)
-    calls = spy(per_feature, name)  # clears the caches
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "fused")
+    calls = spy(per_feature, "causal_forward_mosaic")  # clears the caches
     B, L, H, K, V = 1, 130, 2, 40, 48
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay, per_feature=True)
     g = g / 4 if decay == "mild" else g  # chunks of 64 summing to about -4: all mild
@@ -480,13 +478,16 @@ def test_per_feature_fused_forward(rng, monkeypatch, spy, decay, with_s0, settin
     reference = lambda *a: ops.causal_linear_attention(  # noqa: E731
         *a[:4], impl="attention", initial_state=a[4])
     check_bf16_against_float64(fused, reference, (q, k, v, g, s0), dy)
-    assert calls  # traced (both branches of the run-time choice are)
+    # traced (both branches of the run-time choice are); for the gradients, storing the chunk
+    # states that per_feature_grads reads
+    assert {call["store_states"] for call in calls} == {False, True}
     jax.clear_caches()  # no trace under the setting outlives the test
 
 
 def test_causal_forward_auto(monkeypatch):
     """``CAUSAL_FORWARD = "auto"`` (the default) takes the one-kernel forward when compiled and
-    the two passes in the interpreter; only the two-pass algorithm's per-token decay has it."""
+    the two passes in the interpreter; of per-token decay only the two-pass algorithm has it.
+    ``PER_FEATURE_FORWARD = "auto"`` does the same for per-feature decay."""
     from pallas_kernels import linear_attention
     assert linear_attention.CAUSAL_FORWARD == "auto"
     switch = linear_attention._forward_switch
@@ -495,14 +496,17 @@ def test_causal_forward_auto(monkeypatch):
     assert switch(scalar, compiled) == {"fused": True}
     assert switch(scalar, dict(compiled, interpret=True)) == {}
     assert switch(scalar, dict(compiled, algorithm="sequential")) == {}
-    assert switch(per_feature, compiled) == {}  # PER_FEATURE_FORWARD = "three_passes"
+    assert linear_attention.PER_FEATURE_FORWARD == "auto"  # the same rule per feature
+    assert switch(per_feature, compiled) == {"fused": True}
+    assert switch(per_feature, dict(compiled, interpret=True)) == {}
     monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "fused")
-    assert switch(per_feature, compiled) == {"fused": "one_warpgroup"}
-    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "warps")
-    assert switch(per_feature, compiled) == {"fused": "warps"}
+    assert switch(per_feature, dict(compiled, interpret=True)) == {"fused": True}
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "three_passes")
+    assert switch(per_feature, compiled) == {}
     monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "fast")
-    with pytest.raises(ValueError, match="PER_FEATURE_FORWARD must be one of"):
+    with pytest.raises(ValueError, match="PER_FEATURE_FORWARD must be 'auto', 'fused' or"):
         switch(per_feature, compiled)
+    monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "auto")
     monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "two_pass")
     assert switch(scalar, compiled) == {}
 
