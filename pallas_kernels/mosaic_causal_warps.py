@@ -44,9 +44,7 @@ The work is split across three warpgroups of one program per (b, h, V-block j, r
   S`` once warpgroup 0 has signalled chunk n's state; y goes out by TMA. W and ``Q e^A`` are
   the wgmmas' register operands when compiled; in the Mosaic GPU interpreter (the CPU
   tests), which takes no register operands (jax 0.11.2), they go through shared memory
-  (``Q e^A`` over the slot's q). With :data:`ONE_PRODUCT_W`, where every chunk allows it, W
-  is instead ``(Q e^A)(K e^-A)^T`` on and below the diagonal (one wgmma, no C x C
-  exponentials; ``K e^-A`` through one more shared-memory tile).
+  (``Q e^A`` over the slot's q).
 
 The outputs of chunk n overlap the state update of chunk n + 1, and the loads run ahead by
 ``stages`` chunks. Barriers: ``loaded`` (per input and slot, TMA bytes), ``consumed`` (per slot,
@@ -73,7 +71,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.chunk_scan import (entering_states, mask_rows, runs_until,
                                        stacked_decay_factors)
-from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, ONE_PRODUCT_RANGE, layout_reason
+from pallas_kernels.mosaic_causal import BLOCK_V, CHUNK, layout_reason
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32, walk_states
 from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
                                         compiler_params, rows_of, tile_iota)
@@ -91,26 +89,15 @@ MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
 # run) were within the spread: forward 0.346 against 0.355 ms, the default against itself
 # 1.011 (docs/benchmarks.md). Read when the op is traced (``experiments.ab_settings``).
 RUN_STATES_PROGRAMS = 512
-# W in GLA's one-product form where every chunk of the call allows it (each chunk's log-decays
-# summing to at least -ONE_PRODUCT_RANGE, checked by lax.cond between two builds of the kernel):
-# ``W = (Q e^A)(K e^-A)^T`` kept on and below the diagonal, instead of ``Q K^T`` times the
-# mask's C x C exponentials (the outputs warpgroup's costliest step: 1,499 of its ~2,800
-# cycles per chunk at D 64, one H100, 2026-12-07, docs/benchmarks.md), at one more tile of
-# shared memory (``K e^-A``); bf16 inputs only (e^20 is beyond fp16's range), and only where
-# the tile fits beside the other build's stages. Off:
-# not yet compared on a GPU (`python -m experiments.ab_settings --op pallas_causal_2pass
-# --variant one:mosaic_causal_warps.ONE_PRODUCT_W=True`). Read when the op is traced.
-ONE_PRODUCT_W = False
 
 
-def smem_bytes(chunk, kp, bv, itemsize, stages, one_product=False):
+def smem_bytes(chunk, kp, bv, itemsize, stages):
     """Shared memory of one program when compiled: ``stages`` slots of q, k, v and four decay
-    rows; the chain's two ``e^tail V`` tiles and two state tiles; the outputs' two y tiles
-    (and with ``one_product`` the ``K e^-A`` tile); the float32 state tile (first and last
-    state). (The interpreter also keeps a W tile.)"""
+    rows; the chain's two ``e^tail V`` tiles and two state tiles; the outputs' two y tiles; the
+    float32 state tile (first and last state). (The interpreter also keeps a W tile.)"""
     slot = (2 * chunk * kp + chunk * bv) * itemsize + len(DECAY_ROWS) * 4 * chunk
     chain = (2 * chunk * bv + 2 * kp * bv) * itemsize
-    outputs = (2 * chunk * bv + one_product * chunk * kp) * itemsize
+    outputs = 2 * chunk * bv * itemsize
     return stages * slot + chain + outputs + 4 * kp * bv
 
 
@@ -130,15 +117,13 @@ def supported(q, v, chunk=CHUNK, stages=None):
 
 
 def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stages, store,
-            registers, one_product):
+            registers):
     """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; ``decay_ref [3, B, H, L]`` float32 rows (A,
     e^A, e^tail); s0 ``[B, H, R, Kp, Vp]`` float32 (the state entering each run) or None;
     outputs y ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (``store``), ends ``[B, H, R, Kp, Vp]``
     float32. ``registers``: W and ``Q e^A`` as register operands (else through shared memory).
-    ``one_product``: every chunk's log-decays sum to at least -ONE_PRODUCT_RANGE, and W is
-    ``(Q e^A)(K e^-A)^T`` on and below the diagonal (:data:`ONE_PRODUCT_W`).
     """
     refs = list(refs)
     y_ref = refs.pop(0)
@@ -156,7 +141,6 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
 
     def body(bufs, loaded, consumed, state_ready, state_free, s_bar):
         q_buf, k_buf, v_buf, rows_buf, vt_buf, st_buf, y_buf, s32, *extra = bufs
-        ke_s = extra.pop(0) if one_product else None  # K e^-A
         w_s = extra.pop(0) if not registers else None
 
         def load(n, slot):
@@ -262,17 +246,15 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
             causal = tile_iota((chunk, chunk), 0) >= tile_iota((chunk, chunk), 1)
 
-            def scores(acc, left, right):  # left right^T: Q K^T or (Q e^A)(K e^-A)^T
+            def scores(acc, left, right):  # Q K^T
                 plgpu.wgmma(acc, left, right.transpose((1, 0)))
                 return acc[...]
 
-            def decayed(x_s, row, negate=False):
-                """The chunk's ``[C, Kp]`` tile x_s times e^A (``row``: rows_buf's e^A) or, with
-                ``negate``, e^-A (``row``: its A), in the input dtype."""
+            def decayed(x_s, row):
+                """The chunk's ``[C, Kp]`` tile x_s times e^A (``row``: rows_buf's e^A), in the
+                input dtype."""
                 x = plgpu.load(x_s, layout=WGMMA).astype(f32)
-                factor = plgpu.load(row, layout=ROWS)
-                factor = jnp.exp(-factor) if negate else factor
-                return (x * rows_of(factor, x.shape)).astype(dtype)
+                return (x * rows_of(plgpu.load(row, layout=ROWS), x.shape)).astype(dtype)
 
             def operand(x, buf):
                 """x as a wgmma's left operand: itself when compiled, else through ``buf``."""
@@ -289,21 +271,12 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             def w_and_queries(slot):
                 """W and Q e^A, as the y wgmmas take them (``Q e^A`` over the slot's q in the
                 interpreter, once nothing reads q any more)."""
-                queries = lambda: operand(  # noqa: E731
-                    decayed(q_buf.at[slot], rows_buf.at[slot, 1]), q_buf.at[slot])
-                if one_product:
-                    with jax.named_scope("outputs: Q e^A, K e^-A"):
-                        q_op = queries()
-                        ke_s[...] = decayed(k_buf.at[slot], rows_buf.at[slot, 0], negate=True)
-                        plgpu.commit_smem()
-                    with jax.named_scope("outputs: W wgmma"):
-                        w = jnp.where(causal, scored(q_op, ke_s), 0.0)
-                else:
-                    with jax.named_scope("outputs: Q K^T wgmma"):
-                        s = scored(q_buf.at[slot], k_buf.at[slot])
-                    with jax.named_scope("outputs: mask, Q e^A"):
-                        w = s * causal_mask(rows_buf.at[slot, 0], rows_buf.at[slot, 3], causal)
-                        q_op = queries()
+                with jax.named_scope("outputs: Q K^T wgmma"):
+                    s = scored(q_buf.at[slot], k_buf.at[slot])
+                with jax.named_scope("outputs: mask, Q e^A"):
+                    w = s * causal_mask(rows_buf.at[slot, 0], rows_buf.at[slot, 3], causal)
+                    q_op = operand(decayed(q_buf.at[slot], rows_buf.at[slot, 1]),
+                                   q_buf.at[slot])
                 return operand(w.astype(dtype), w_s), q_op
 
             @pl.loop(0, run)
@@ -341,8 +314,6 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((kp, bv), f32, transforms=_TILE32)]
-    if one_product:
-        bufs.append(plgpu.SMEM((chunk, kp), dtype, transforms=_TILE16))
     if not registers:
         bufs.append(plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16))
     pl.run_scoped(
@@ -417,32 +388,19 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
     out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
-    rows = mask_rows(g, chunk)
-
-    def smem(one_product):
-        return smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages, one_product)
-
-    def kernel(one_product):
-        params = compiler_params()
-        if profile_dir is not None:  # 3 warpgroups x 4 int32 entries per region
-            free = SMEM_BYTES - smem(one_product) - 8192
-            if free < 48 * 64:
-                raise ValueError(f"no shared memory left for the profiler's trace at Kp {kp} "
-                                 f"with {stages} stages; pass stages={stages - 1}")
-            params = compiler_params(profile_space=free // 48, profile_dir=profile_dir,
-                                     profile_bounds_check=True)
-        return plgpu.kernel(
-            functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
-                              store=store_states, registers=registers, one_product=one_product),
-            out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
-            num_threads=3, thread_name="wg", interpret=interpret, compiler_params=params,
-        )(q, k, v, rows, s0)
-
-    if ONE_PRODUCT_W and q.dtype == jnp.bfloat16 and smem(True) + 4096 <= SMEM_BYTES:
-        # rows[0] holds the chunks' inclusive cumsums, whose least is the least chunk sum
-        mild = jnp.min(rows[0]) >= -ONE_PRODUCT_RANGE
-        y, *rest = jax.lax.cond(mild, lambda: kernel(True), lambda: kernel(False))
-    else:
-        y, *rest = kernel(False)
+    params = compiler_params()
+    if profile_dir is not None:  # 3 warpgroups x 4 int32 entries per region
+        free = SMEM_BYTES - smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages) - 8192
+        if free < 48 * 64:
+            raise ValueError(f"no shared memory left for the profiler's trace at Kp {kp} "
+                             f"with {stages} stages; pass stages={stages - 1}")
+        params = compiler_params(profile_space=free // 48, profile_dir=profile_dir,
+                                 profile_bounds_check=True)
+    y, *rest = plgpu.kernel(
+        functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
+                          store=store_states, registers=registers),
+        out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
+        num_threads=3, thread_name="wg", interpret=interpret, compiler_params=params,
+    )(q, k, v, mask_rows(g, chunk), s0)
     final = rest[-1][:, :, -1]
     return (y, final, rest[0]) if store_states else (y, final)

@@ -98,28 +98,6 @@ def test_against_float64(case):
     check_warps(case)
 
 
-@pytest.mark.parametrize("case", [c for c in RUN_CASES if c[3] == jnp.bfloat16],
-                         ids=[f"case{CASES.index(c)}" for c in RUN_CASES
-                              if c[3] == jnp.bfloat16])
-def test_one_product_w(case, monkeypatch):
-    """``ONE_PRODUCT_W``: where every chunk's log-decays sum to at least -20 ("mild", "edge":
-    chunks of 64 summing to almost -20 in three heads) W comes from ``(Q e^A)(K e^-A)^T``,
-    else from the mask ("strong"), picked at run time. The mask is made zero here, so the
-    one-product build must have run where the results match, and the mask's build where
-    they cannot."""
-    from pallas_kernels import mosaic_causal_warps
-    monkeypatch.setattr(mosaic_causal_warps, "ONE_PRODUCT_W", True)
-    monkeypatch.setattr(mosaic_causal_warps, "causal_mask",
-                        lambda a_s, a_cols_s, causal: jnp.where(causal, 0.0, 0.0))
-    jax.clear_caches()
-    if case[4] == "strong":
-        with pytest.raises(AssertionError, match="seed"):
-            check_warps(case)
-    else:
-        check_warps(case)
-    jax.clear_caches()  # no trace with the patched mask outlives the test
-
-
 def check_warps(case):
     """One of ``CASES`` in the warp-specialized kernel against the float64 walk."""
     L, K, V, dtype, decay, with_s0, splits, store = case
