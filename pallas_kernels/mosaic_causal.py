@@ -20,16 +20,17 @@ and read them back in the output pass. Here the program that walks the chunks al
 their outputs, so the state stays in registers and reaches HBM only when the backward pass
 asks for it (``store_states``).
 
-Kernel layout: one program (one warpgroup) per (b, h, V-block j of ``BLOCK_V`` columns) walks
-every chunk with a TMA pipeline (``plgpu.emit_pipeline``) over q, k ``[C, Kp]``, v ``[C, BV]``,
-the float32 tile b ``[C, Kp]`` and the row ``b_last``. Per chunk: the state is rounded to the
-input dtype into a shared-memory tile (the B operand of ``(Q e^b) S``, and the chunk's stored
-state); the decayed queries and keys ``Q e^b``, ``K e^-b`` overwrite q and k in shared memory;
-one wgmma computes their product, masked causally in registers into the W tile; the keys
-become ``K e^(b_last - b)``; then one accumulator takes ``W V + (Q e^b) S`` and a second,
-zeroed one ``(K e^(b_last - b))^T V`` (K read transposed from shared memory), and
-``S = diag(e^(b_last)) S + update`` is the only serial work. y (and the stored state) go out
-by TMA from two steps' worth of buffers, each step's copies overlapping the next step.
+Kernel layout: one program (one warpgroup) per (b, h, V-block j of ``BLOCK_V`` columns, run r
+of chunks; one run unless ``splits``, each starting from the state :func:`run_states` gives it)
+walks its chunks with a TMA pipeline (``plgpu.emit_pipeline``) over q, k ``[C, Kp]``, v
+``[C, BV]``, the float32 tile b ``[C, Kp]`` and the row ``b_last``. Per chunk: the state is
+rounded to the input dtype into a shared-memory tile (the B operand of ``(Q e^b) S``, and the
+chunk's stored state); the decayed queries and keys ``Q e^b``, ``K e^-b`` overwrite q and k in
+shared memory; one wgmma computes their product, masked causally in registers into the W tile;
+the keys become ``K e^(b_last - b)``; then one accumulator takes ``W V + (Q e^b) S`` and a
+second, zeroed one ``(K e^(b_last - b))^T V`` (K read transposed from shared memory), and
+``S = diag(e^(b_last)) S + update`` is the only serial work. y (and the stored state) go out by
+TMA from two steps' worth of buffers, each step's copies overlapping the next step.
 
 Rounding: the state is multiplied in the input dtype, W and the decayed keys and queries are
 rounded to it (the update's keys twice: ``K e^-b``, then times ``e^(b_last)``), products
@@ -48,6 +49,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.chunk_scan import entering_states
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32
 from pallas_kernels.mosaic_tiles import (COLS, ROWS, WGMMA, cols_of, compiler_params, rows_of,
                                         tile_iota)
@@ -103,21 +105,23 @@ def supported(q, v, chunk=CHUNK, stages=STAGES):
     return layout_reason(q, v, chunk, f"fused Mosaic causal forward with {stages} stages", smem)
 
 
-def _kernel(q_ref, k_ref, v_ref, b_ref, last_ref, s0_ref, *refs, chunk, bv, stages, store):
-    """One (b, h, V-block j) program over every chunk.
+def _kernel(q_ref, k_ref, v_ref, b_ref, last_ref, s0_ref, *refs, chunk, run, bv, stages,
+            store):
+    """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; ``b_ref [B, L, H, Kp]`` float32, the
     chunk-local inclusive cumulative log-decays b, and ``last_ref [B, H, N * Kp]``, b at each
-    chunk's last token; s0 ``[B, H, Kp, Vp]`` float32 or None (zero); outputs y
-    ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (the state entering every chunk, in the input
-    dtype; ``store``), final ``[B, H, Kp, Vp]`` float32.
+    chunk's last token; s0 ``[B, H, R, Kp, Vp]`` float32 (the state entering each run) or None
+    (zero); outputs y ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (the state entering every
+    chunk, in the input dtype; ``store``), ends ``[B, H, R, Kp, Vp]`` float32.
     """
     refs = list(refs)
     y_ref = refs.pop(0)
     h_ref = refs.pop(0) if store else None
     end_ref = refs.pop(0)
-    b, hd, j = (lax.axis_index(a) for a in "bhj")
+    b, hd, j, r = (lax.axis_index(a) for a in "bhjr")
     cols = pl.ds(j * bv, bv)
+    first = r * run
     kp = q_ref.shape[-1]
     dtype = q_ref.dtype
     f32 = jnp.float32
@@ -127,7 +131,7 @@ def _kernel(q_ref, k_ref, v_ref, b_ref, last_ref, s0_ref, *refs, chunk, bv, stag
         state = plgpu.layout_cast(jnp.zeros((kp, bv), f32), WGMMA)
     else:
         def load_s0(s_smem, s_bar):
-            plgpu.copy_gmem_to_smem(s0_ref.at[b, hd, :, cols], s_smem, s_bar.at[0])
+            plgpu.copy_gmem_to_smem(s0_ref.at[b, hd, r, :, cols], s_smem, s_bar.at[0])
             plgpu.barrier_wait(s_bar.at[0])
             return plgpu.load(s_smem, layout=WGMMA)
 
@@ -160,8 +164,8 @@ def _kernel(q_ref, k_ref, v_ref, b_ref, last_ref, s0_ref, *refs, chunk, bv, stag
             return rows_of(jnp.exp(plgpu.load(last_s, layout=ROWS)), (kp, bv))
 
         def step(idx, q_s, k_s, v_s, b_s, last_s, state):
-            n = idx[0]
-            slot = lax.rem(n, jnp.asarray(2, n.dtype))
+            slot = lax.rem(idx[0], jnp.asarray(2, idx[0].dtype))
+            n = first + idx[0]
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's copies of n - 2 read
             y_s, h_s = y_buf.at[slot], h_buf.at[slot]
             h_s[...] = state.astype(dtype)  # the state entering chunk n
@@ -185,12 +189,12 @@ def _kernel(q_ref, k_ref, v_ref, b_ref, last_ref, s0_ref, *refs, chunk, bv, stag
             return state * decay + update
 
         tile = lambda width, tiling=_TILE16: plgpu.BlockSpec(
-            (chunk, width), lambda i: (i, 0), transforms=tiling)
+            (chunk, width), lambda i: (first + i, 0), transforms=tiling)
         specs = [tile(kp), tile(kp), tile(bv), tile(kp, _TILE32),
-                 plgpu.BlockSpec((kp,), lambda i: (i,))]
+                 plgpu.BlockSpec((kp,), lambda i: (first + i,))]
         in_refs = [q_ref.at[b, :, hd, :], k_ref.at[b, :, hd, :], v_ref.at[b, :, hd, cols],
                    b_ref.at[b, :, hd, :], last_ref.at[b, hd]]
-        end = plgpu.emit_pipeline(step, grid=(q_ref.shape[1] // chunk,), in_specs=specs,
+        end = plgpu.emit_pipeline(step, grid=(run,), in_specs=specs,
                                   max_concurrent_steps=stages, init_carry=state)(*in_refs)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # before the buffers are reused
         return end
@@ -202,13 +206,43 @@ def _kernel(q_ref, k_ref, v_ref, b_ref, last_ref, s0_ref, *refs, chunk, bv, stag
     def store_end(s_smem):
         s_smem[...] = state
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(s_smem, end_ref.at[b, hd, :, cols])
+        plgpu.copy_smem_to_gmem(s_smem, end_ref.at[b, hd, r, :, cols])
         plgpu.wait_smem_to_gmem(0)
 
     pl.run_scoped(store_end, state_smem)
 
 
-def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, store_states=False,
+def run_states(k, v, g, s0, *, chunk, splits):
+    """The state entering each of ``splits`` runs of chunks, ``[B, H, R, Kp, Vp]`` float32 (or
+    None: one run from zero); ``g [B, L, H, Kp]`` float32 per-feature log-decays, s0 None or
+    ``[B, H, Kp, Vp]``. In XLA: each run but the last walked from zero as one product, its keys
+    decayed to the run's end and rounded to the input dtype (as the kernel rounds its
+    update's keys) against its values, summed in float32; then the runs' scan from s0
+    (``chunk_scan.entering_states``). Every exponent is a sum of log-decays over its own
+    segment (the chunk's tail, then whole later chunks of the run), so at most 0."""
+    B, L, H, kp = k.shape
+    N = L // chunk
+    if splits < 1 or N % splits:
+        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
+    if splits == 1:
+        return None if s0 is None else s0[:, :, None]
+    run = N // splits
+    cum = jnp.cumsum(g.reshape(B, splits, run, chunk, H, kp), axis=3)
+    sums = cum[:, :, :, -1]  # [B, R, run, H, Kp]: each chunk's log-decays summed
+    later = jnp.flip(jnp.cumsum(jnp.flip(sums[:, :, 1:], 2), 2), 2)  # the run's later chunks
+    later = jnp.concatenate([later, jnp.zeros_like(sums[:, :, :1])], axis=2)
+    tail = cum[:, :, :, -1:] - cum + later[:, :, :, None]  # after token j to the run's end
+    keys = (k.reshape(cum.shape) * jnp.exp(tail)).astype(k.dtype)[:, :-1]
+    values = v.reshape(B, splits, run, chunk, H, v.shape[-1])[:, :-1]
+    ends = jnp.einsum("brnchk,brnchv->bhrkv", keys, values,
+                      preferred_element_type=jnp.float32)
+    # the last run's end as zero: entering_states reads it only after the last state
+    ends = jnp.pad(ends, [(0, 0), (0, 0), (0, 1), (0, 0), (0, 0)])
+    d = jnp.exp(sums).reshape(B, N, H, kp).transpose(0, 2, 1, 3)
+    return entering_states(ends, d, s0, reverse=False)
+
+
+def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
                           stages=STAGES, interpret=None):
     """The causal forward pass (not strict, key decay) of padded inputs in one Mosaic GPU
     kernel.
@@ -220,6 +254,8 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, store_states=Fals
         summing to at least ``-ONE_PRODUCT_RANGE`` in every feature, which the caller checks
         (the kernel takes them in GLA's one-product form, ``exp(-b)`` up to ``e^20``).
       s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first token.
+      splits: runs to cut the chunks into (dividing N), one program each, each starting from
+        its entering state (:func:`run_states`).
       store_states: also return the state entering every chunk (the backward's residual).
       stages: pipeline steps in flight.
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
@@ -236,16 +272,19 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, store_states=Fals
     B, L, H, kp = q.shape
     vp = v.shape[-1]
     N = L // chunk
+    s0 = run_states(k, v, g, s0, chunk=chunk, splits=splits)
     # b: chunk-local inclusive cumsums per feature; and b at each chunk's end
     b = jnp.cumsum(g.reshape(B, N, chunk, H, kp), axis=2)
     last = b[:, :, -1].transpose(0, 2, 1, 3).reshape(B, H, N * kp)
     out_type = [jax.ShapeDtypeStruct((B, L, H, vp), q.dtype)]
     if store_states:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
-    out_type.append(jax.ShapeDtypeStruct((B, H, kp, vp), jnp.float32))
+    out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
     y, *rest = plgpu.kernel(
-        functools.partial(_kernel, chunk=chunk, bv=BLOCK_V, stages=stages, store=store_states),
-        out_type=tuple(out_type), grid=(B, H, vp // BLOCK_V), grid_names=tuple("bhj"),
+        functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
+                          store=store_states),
+        out_type=tuple(out_type), grid=(B, H, vp // BLOCK_V, splits), grid_names=tuple("bhjr"),
         interpret=interpret, compiler_params=compiler_params(),
     )(q, k, v, b.reshape(B, L, H, kp), last, s0)
-    return (y, rest[-1], rest[0]) if store_states else (y, rest[-1])
+    final = rest[-1][:, :, -1]
+    return (y, final, rest[0]) if store_states else (y, final)

@@ -72,8 +72,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state
-from pallas_kernels.mosaic_causal import ONE_PRODUCT_RANGE, causal_forward_mosaic
+from pallas_kernels.chunk_scan import _pad_axis, pad_layout, pad_state, runs_until
+from pallas_kernels.mosaic_causal import BLOCK_V, ONE_PRODUCT_RANGE, causal_forward_mosaic
 from pallas_kernels.mosaic_causal import supported as fused_forward_reason
 from pallas_kernels.two_pass import hopper
 
@@ -89,6 +89,13 @@ FLOAT32_X3 = jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3
 # chunks whose log-decays sum to >= -FAST_RANGE per feature: one product (module docstring)
 FAST_RANGE = ONE_PRODUCT_RANGE
 PREFIX_BLOCK_K = 32  # K rows per prefix_states program (docs/kernels.md)
+# The fused forward (``fused=True``, mosaic_causal.py) cuts the chunks into runs, one program
+# each starting from its entering state (``mosaic_causal.run_states``), until B H V-blocks
+# runs reaches this (``chunk_scan.runs_until``): at B 4, H 16, D 64 one run per (b, h) is 64
+# programs for an H100's 132 multiprocessors. 1 (no runs) until a GPU A/B times it (`python
+# -m experiments.ab_settings --op pallas_causal_per_feature --length 4096 --dims 64 --pass
+# fwd --variant runs:per_feature.FUSED_TARGET_PROGRAMS=128`). Read when the op is traced.
+FUSED_TARGET_PROGRAMS = 1
 
 
 def _segment_sums(a, mask):
@@ -483,9 +490,12 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
     states_in_dtype = not return_states or jnp.dtype(states_dtype) == q.dtype
     if (fused and on_key and not strict and states is None and states_in_dtype
             and _one_kernel_reason(q, v, chunk, out_dtype, interpret) is None):
+        B, L, H, _ = q.shape
+        splits = runs_until(B * H * (vp // BLOCK_V), L // chunk, FUSED_TARGET_PROGRAMS)
+
         def one_kernel():
             y, final, *h = causal_forward_mosaic(
-                q, k, v, g, pad_state(initial_state, kp, vp), chunk=chunk,
+                q, k, v, g, pad_state(initial_state, kp, vp), chunk=chunk, splits=splits,
                 store_states=return_states,
                 interpret=plgpu.InterpretGPUParams() if interpret else None)
             return (y[..., :V], final[:, :, :K, :V], *(x[..., :K, :V] for x in h))

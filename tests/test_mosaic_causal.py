@@ -122,16 +122,18 @@ def check_warps(case):
     assert errors.get("h", 0.0) <= H_TOL, msg
 
 
-PER_FEATURE_CASES = [  # L, K, V, decay, initial state, store_states
-    (256, 64, 64, "mild", False, True),
-    (320, 64, 128, "edge", True, False),
-    (192, 128, 64, "edge", True, True),
+PER_FEATURE_CASES = [  # L, K, V, decay, initial state, store_states, splits
+    (256, 64, 64, "mild", False, True, 1),
+    (320, 64, 128, "edge", True, False, 5),
+    (192, 128, 64, "edge", True, True, 3),
+    (512, 64, 64, "mild", True, True, 4),
 ]
 
 
-@pytest.mark.parametrize("L,K,V,decay,with_s0,store", PER_FEATURE_CASES)
-def test_per_feature_against_float64(L, K, V, decay, with_s0, store):
-    """Per-feature decay (every chunk mild: GLA's one-product form, exp(-b) up to e^20)."""
+@pytest.mark.parametrize("L,K,V,decay,with_s0,store,splits", PER_FEATURE_CASES)
+def test_per_feature_against_float64(L, K, V, decay, with_s0, store, splits):
+    """Per-feature decay (every chunk mild: GLA's one-product form, exp(-b) up to e^20), the
+    chunks in ``splits`` runs (their entering states from ``mosaic_causal.run_states``)."""
     seed = np.random.SeedSequence().entropy % 2**32
     B, H = 1, 2
     q, k, v, g = inputs(seed, B, L, H, K, V, jnp.bfloat16, decay, per_feature=True)
@@ -139,7 +141,7 @@ def test_per_feature_against_float64(L, K, V, decay, with_s0, store):
     if with_s0:
         s0 = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((B, H, K, V)) * 0.3,
                          jnp.float32)
-    outs = jax.jit(lambda *a: causal_forward_mosaic(*a, store_states=store,
+    outs = jax.jit(lambda *a: causal_forward_mosaic(*a, splits=splits, store_states=store,
                                                     interpret=INTERPRET))(q, k, v, g, s0)
     y, h, final = reference(q, k, v, g, s0, 64)
     errors = {"y": rel_err(outs[0], y), "final": rel_err(outs[1], final)}
@@ -163,6 +165,28 @@ def test_per_feature_scan_takes_the_fused_kernel(decay, spy):
     assert len(calls) == 1  # traced once; lax.cond picks at run time
     want_y, _, want_final = reference(q, k, v, g, s0, 64)
     assert rel_err(y, want_y) <= 5e-3 and rel_err(final, want_final) <= 5e-3
+
+
+def test_per_feature_scan_runs(spy, monkeypatch):
+    """``per_feature.FUSED_TARGET_PROGRAMS``: the fused forward in runs until that many
+    programs (here 2 (b, h) x 2 V-blocks x 4 runs of 8 chunks), the float64 results; a number
+    of runs that does not divide the chunks is one error line."""
+    from pallas_kernels import per_feature
+
+    monkeypatch.setattr(per_feature, "FUSED_TARGET_PROGRAMS", 16)
+    calls = spy(per_feature, "causal_forward_mosaic")
+    seed = int(np.random.default_rng().integers(2**31))
+    q, k, v, g = inputs(seed, 1, 2048, 2, 64, 72, jnp.bfloat16, "mild", per_feature=True)
+    s0 = jnp.asarray(np.random.default_rng(seed).standard_normal((1, 2, 64, 72)), jnp.float32)
+    y, final = per_feature.chunk_scan_per_feature(q, k, v, g, s0, out_dtype=jnp.bfloat16,
+                                                  interpret=not ON_GPU, fused=True)
+    assert [call["splits"] for call in calls] == [4]
+    want_y, _, want_final = reference(q, k, v, g, s0, 64)
+    errors = (rel_err(y, want_y), rel_err(final, want_final))
+    assert max(errors) <= 5e-3, (seed, errors)
+    with pytest.raises(ValueError, match="splits must divide the number of chunks 32; got 3"):
+        causal_forward_mosaic(q, k, v[..., :64], g, splits=3, interpret=INTERPRET)
+    jax.clear_caches()  # no trace under the setting outlives the test
 
 
 def test_per_feature_scan_states_from_the_fused_kernel():
