@@ -358,13 +358,12 @@ def runs_until(programs, num_chunks, target):
 def entering_states(ends, d, start, *, reverse):
     """The state entering each run, from each run's end state when walked from zero.
 
-    ``ends [B, H, R, ...]`` (R runs of equal length), ``d [B, H, N]`` the chunk decay factors
-    (or per key feature ``[B, H, N, Kp]``, the state's rows, ends ``[B, H, R, Kp, Vp]``),
+    ``ends [B, H, R, ...]`` (R runs of equal length), ``d [B, H, N]`` the chunk decay factors,
     ``start`` None (zero) or ``[B, H, ...]`` the state before the first run scanned; returns
     ``[B, H, R, ...]``: ``R`` steps of ``S = (run decay) S + end`` in the scan's direction."""
     B, H, splits = ends.shape[:3]
-    run_decay = jnp.prod(d.reshape(B, H, splits, -1, *d.shape[3:]), axis=3)
-    run_decay = run_decay.reshape(run_decay.shape + (1,) * (ends.ndim - run_decay.ndim))
+    run_decay = jnp.prod(d.reshape(B, H, splits, -1), axis=-1)
+    run_decay = run_decay.reshape(B, H, splits, *[1] * (ends.ndim - 3))
     state = jnp.zeros_like(ends[:, :, 0]) if start is None else start
     states = [None] * splits
     for r in reversed(range(splits)) if reverse else range(splits):

@@ -164,17 +164,20 @@ def _forward_switch(g, cfg):
     decay under ``PER_FEATURE_FORWARD``, the two-pass scan of per-token decay under
     ``CAUSAL_FORWARD``; else ``{}``."""
     if g.ndim == 4:
-        if PER_FEATURE_FORWARD not in ("auto", "fused", "three_passes"):
-            raise ValueError(f"linear_attention.PER_FEATURE_FORWARD must be 'auto', 'fused' or "
-                             f"'three_passes'; got {PER_FEATURE_FORWARD!r}")
-        use = PER_FEATURE_FORWARD == "fused" or (PER_FEATURE_FORWARD == "auto"
-                                                 and not cfg["interpret"])
-        return {"fused": True} if use else {}
-    mode = CAUSAL_FORWARD
-    if mode == "auto":
-        mode = "two_pass" if cfg["interpret"] else "fused"
-    use = mode == "fused" and cfg.get("algorithm") == "two_pass"
+        use = _one_kernel(PER_FEATURE_FORWARD, "PER_FEATURE_FORWARD", "three_passes", cfg)
+    else:
+        use = (_one_kernel(CAUSAL_FORWARD, "CAUSAL_FORWARD", "two_pass", cfg)
+               and cfg.get("algorithm") == "two_pass")
     return {"fused": True} if use else {}
+
+
+def _one_kernel(setting, name, other, cfg):
+    """Whether a forward setting ("fused", ``other`` or "auto": "fused" when compiled, ``other``
+    in the interpreter) picks the one-kernel forward; another value is one error line."""
+    if setting not in ("auto", "fused", other):
+        raise ValueError(f"linear_attention.{name} must be 'auto', 'fused' or {other!r}; got "
+                         f"{setting!r}")
+    return setting == "fused" or (setting == "auto" and not cfg["interpret"])
 
 
 def keep_states(k_dim, v_dim, chunk):

@@ -21,7 +21,7 @@ their outputs, so the state stays in registers and reaches HBM only when the bac
 asks for it (``store_states``).
 
 Kernel layout: one program (one warpgroup) per (b, h, V-block j of ``BLOCK_V`` columns, run r
-of chunks; one run unless ``splits``, each starting from the state :func:`run_states` gives it)
+of chunks; one run unless ``splits``, each starting from the state the caller gives it)
 walks its chunks with a TMA pipeline (``plgpu.emit_pipeline``) over q, k ``[C, Kp]``, v
 ``[C, BV]``, the float32 tile b ``[C, Kp]`` and the row ``b_last``. Per chunk: the state is
 rounded to the input dtype into a shared-memory tile (the B operand of ``(Q e^b) S``, and the
@@ -49,7 +49,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.chunk_scan import entering_states
 from pallas_kernels.mosaic_states import SMEM_BYTES, _TILE16, _TILE32
 from pallas_kernels.mosaic_tiles import (COLS, ROWS, WGMMA, cols_of, compiler_params, rows_of,
                                         tile_iota)
@@ -212,36 +211,6 @@ def _kernel(q_ref, k_ref, v_ref, b_ref, last_ref, s0_ref, *refs, chunk, run, bv,
     pl.run_scoped(store_end, state_smem)
 
 
-def run_states(k, v, g, s0, *, chunk, splits):
-    """The state entering each of ``splits`` runs of chunks, ``[B, H, R, Kp, Vp]`` float32 (or
-    None: one run from zero); ``g [B, L, H, Kp]`` float32 per-feature log-decays, s0 None or
-    ``[B, H, Kp, Vp]``. In XLA: each run but the last walked from zero as one product, its keys
-    decayed to the run's end and rounded to the input dtype (as the kernel rounds its
-    update's keys) against its values, summed in float32; then the runs' scan from s0
-    (``chunk_scan.entering_states``). Every exponent is a sum of log-decays over its own
-    segment (the chunk's tail, then whole later chunks of the run), so at most 0."""
-    B, L, H, kp = k.shape
-    N = L // chunk
-    if splits < 1 or N % splits:
-        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
-    if splits == 1:
-        return None if s0 is None else s0[:, :, None]
-    run = N // splits
-    cum = jnp.cumsum(g.reshape(B, splits, run, chunk, H, kp), axis=3)
-    sums = cum[:, :, :, -1]  # [B, R, run, H, Kp]: each chunk's log-decays summed
-    later = jnp.flip(jnp.cumsum(jnp.flip(sums[:, :, 1:], 2), 2), 2)  # the run's later chunks
-    later = jnp.concatenate([later, jnp.zeros_like(sums[:, :, :1])], axis=2)
-    tail = cum[:, :, :, -1:] - cum + later[:, :, :, None]  # after token j to the run's end
-    keys = (k.reshape(cum.shape) * jnp.exp(tail)).astype(k.dtype)[:, :-1]
-    values = v.reshape(B, splits, run, chunk, H, v.shape[-1])[:, :-1]
-    ends = jnp.einsum("brnchk,brnchv->bhrkv", keys, values,
-                      preferred_element_type=jnp.float32)
-    # the last run's end as zero: entering_states reads it only after the last state
-    ends = jnp.pad(ends, [(0, 0), (0, 0), (0, 1), (0, 0), (0, 0)])
-    d = jnp.exp(sums).reshape(B, N, H, kp).transpose(0, 2, 1, 3)
-    return entering_states(ends, d, s0, reverse=False)
-
-
 def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
                           stages=STAGES, interpret=None):
     """The causal forward pass (not strict, key decay) of padded inputs in one Mosaic GPU
@@ -253,9 +222,9 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
       g: float32 log-decays per key feature ``[B, L, H, Kp]`` (entries <= 0), every chunk's
         summing to at least ``-ONE_PRODUCT_RANGE`` in every feature, which the caller checks
         (the kernel takes them in GLA's one-product form, ``exp(-b)`` up to ``e^20``).
-      s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first token.
-      splits: runs to cut the chunks into (dividing N), one program each, each starting from
-        its entering state (:func:`run_states`).
+      s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first token; with
+        ``splits`` > 1 the state entering each run, ``[B, H, splits, Kp, Vp]``.
+      splits: runs to cut the chunks into (dividing N), one program each.
       store_states: also return the state entering every chunk (the backward's residual).
       stages: pipeline steps in flight.
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
@@ -272,7 +241,14 @@ def causal_forward_mosaic(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_s
     B, L, H, kp = q.shape
     vp = v.shape[-1]
     N = L // chunk
-    s0 = run_states(k, v, g, s0, chunk=chunk, splits=splits)
+    if splits < 1 or N % splits:
+        raise ValueError(f"splits must divide the number of chunks {N}; got {splits}")
+    if splits > 1 and (s0 is None or s0.shape != (B, H, splits, kp, vp)):
+        got = None if s0 is None else s0.shape
+        raise ValueError(f"with splits={splits}, s0 must be the state entering each run, "
+                         f"[B, H, splits, Kp, Vp] = {(B, H, splits, kp, vp)}; got {got}")
+    if splits == 1 and s0 is not None:
+        s0 = s0[:, :, None]
     # b: chunk-local inclusive cumsums per feature; and b at each chunk's end
     b = jnp.cumsum(g.reshape(B, N, chunk, H, kp), axis=2)
     last = b[:, :, -1].transpose(0, 2, 1, 3).reshape(B, H, N * kp)

@@ -90,9 +90,10 @@ FLOAT32_X3 = jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3
 FAST_RANGE = ONE_PRODUCT_RANGE
 PREFIX_BLOCK_K = 32  # K rows per prefix_states program (docs/kernels.md)
 # The fused forward (``fused=True``, mosaic_causal.py) cuts the chunks into runs, one program
-# each starting from its entering state (``mosaic_causal.run_states``), until B H V-blocks
-# runs reaches this (``chunk_scan.runs_until``): at B 4, H 16, D 64 one run per (b, h) is 64
-# programs for an H100's 132 multiprocessors. 1 (no runs) until a GPU A/B times it (`python
+# each starting from its entering state (the states walk, :func:`chunk_states_per_feature`,
+# of the chunks before the last run), until B H V-blocks runs reaches this
+# (``chunk_scan.runs_until``): at B 4, H 16, D 64 one run per (b, h) is 64 programs for an
+# H100's 132 multiprocessors. 1 (no runs) until a GPU A/B times it (`python
 # -m experiments.ab_settings --op pallas_causal_per_feature --length 4096 --dims 64 --pass
 # fwd --variant runs:per_feature.FUSED_TARGET_PROGRAMS=128`). Read when the op is traced.
 FUSED_TARGET_PROGRAMS = 1
@@ -494,9 +495,17 @@ def chunk_scan_per_feature(q, k, v, log_decay, initial_state=None, *, decay_on="
         splits = runs_until(B * H * (vp // BLOCK_V), L // chunk, FUSED_TARGET_PROGRAMS)
 
         def one_kernel():
+            s0 = pad_state(initial_state, kp, vp)
+            if splits > 1:  # the states entering the runs: the states walk of the chunks
+                # before the last run, every run-th state and the one after them
+                before = (L // splits) * (splits - 1)
+                walked, after = chunk_states_per_feature(
+                    k[:, :before], v[:, :before], g[:, :before], s0, chunk=chunk,
+                    interpret=interpret, precision=precision)
+                s0 = jnp.concatenate([walked[:, :, ::L // chunk // splits], after[:, :, None]],
+                                     axis=2)
             y, final, *h = causal_forward_mosaic(
-                q, k, v, g, pad_state(initial_state, kp, vp), chunk=chunk, splits=splits,
-                store_states=return_states,
+                q, k, v, g, s0, chunk=chunk, splits=splits, store_states=return_states,
                 interpret=plgpu.InterpretGPUParams() if interpret else None)
             return (y[..., :V], final[:, :, :K, :V], *(x[..., :K, :V] for x in h))
 

@@ -133,7 +133,8 @@ PER_FEATURE_CASES = [  # L, K, V, decay, initial state, store_states, splits
 @pytest.mark.parametrize("L,K,V,decay,with_s0,store,splits", PER_FEATURE_CASES)
 def test_per_feature_against_float64(L, K, V, decay, with_s0, store, splits):
     """Per-feature decay (every chunk mild: GLA's one-product form, exp(-b) up to e^20), the
-    chunks in ``splits`` runs (their entering states from ``mosaic_causal.run_states``)."""
+    chunks in ``splits`` runs, each from its entering state (here the float64 walk's; the op's
+    from the states walk, ``test_per_feature_scan_runs``)."""
     seed = np.random.SeedSequence().entropy % 2**32
     B, H = 1, 2
     q, k, v, g = inputs(seed, B, L, H, K, V, jnp.bfloat16, decay, per_feature=True)
@@ -141,9 +142,10 @@ def test_per_feature_against_float64(L, K, V, decay, with_s0, store, splits):
     if with_s0:
         s0 = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((B, H, K, V)) * 0.3,
                          jnp.float32)
-    outs = jax.jit(lambda *a: causal_forward_mosaic(*a, splits=splits, store_states=store,
-                                                    interpret=INTERPRET))(q, k, v, g, s0)
     y, h, final = reference(q, k, v, g, s0, 64)
+    starts = s0 if splits == 1 else jnp.asarray(h[:, :, ::L // 64 // splits], jnp.float32)
+    outs = jax.jit(lambda *a: causal_forward_mosaic(*a, splits=splits, store_states=store,
+                                                    interpret=INTERPRET))(q, k, v, g, starts)
     errors = {"y": rel_err(outs[0], y), "final": rel_err(outs[1], final)}
     if store:
         errors["h"] = rel_err(outs[2], h)
@@ -169,8 +171,9 @@ def test_per_feature_scan_takes_the_fused_kernel(decay, spy):
 
 def test_per_feature_scan_runs(spy, monkeypatch):
     """``per_feature.FUSED_TARGET_PROGRAMS``: the fused forward in runs until that many
-    programs (here 2 (b, h) x 2 V-blocks x 4 runs of 8 chunks), the float64 results; a number
-    of runs that does not divide the chunks is one error line."""
+    programs (here 2 (b, h) x 2 V-blocks x 4 runs of 8 chunks), each from its entering state
+    by the states walk, the float64 results; a number of runs that does not divide the chunks,
+    or runs without their entering states, is one error line."""
     from pallas_kernels import per_feature
 
     monkeypatch.setattr(per_feature, "FUSED_TARGET_PROGRAMS", 16)
@@ -186,6 +189,9 @@ def test_per_feature_scan_runs(spy, monkeypatch):
     assert max(errors) <= 5e-3, (seed, errors)
     with pytest.raises(ValueError, match="splits must divide the number of chunks 32; got 3"):
         causal_forward_mosaic(q, k, v[..., :64], g, splits=3, interpret=INTERPRET)
+    with pytest.raises(ValueError, match=r"s0 must be the state entering each run, \[B, H, "
+                                         r"splits, Kp, Vp\] = \(1, 2, 2, 64, 64\); got None"):
+        causal_forward_mosaic(q, k, v[..., :64], g, splits=2, interpret=INTERPRET)
     jax.clear_caches()  # no trace under the setting outlives the test
 
 

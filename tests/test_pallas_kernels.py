@@ -509,6 +509,9 @@ def test_causal_forward_auto(monkeypatch):
     monkeypatch.setattr(linear_attention, "PER_FEATURE_FORWARD", "auto")
     monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "two_pass")
     assert switch(scalar, compiled) == {}
+    monkeypatch.setattr(linear_attention, "CAUSAL_FORWARD", "one_kernel")
+    with pytest.raises(ValueError, match="CAUSAL_FORWARD must be 'auto', 'fused' or 'two_pass'"):
+        switch(scalar, compiled)
 
 
 def test_mosaic_output_supported():
