@@ -48,13 +48,16 @@ against our causal op (its acceptance bound is 2x), each of the kernels' speed t
 (``TARGETS``) with its misses marked, and writes results.json, results.md and results.png under
 --out (rewritten after every shape, so a timeout keeps what was measured). ``--acceptance``
 times the ops of the targets at L = 4K, 16K, 32K and D = 64, 128 (cuDNN's attention at 16K
-only, where its target is; with ``--resume`` over several calls on one machine).
+only, where its target is; with ``--resume`` over several calls).
 ``--deadline`` stops compiling new measurements once that many seconds have passed (those
 compiled are still timed);
-``--resume`` keeps the rows of --out's results.json when they come from this machine since its
-last boot (same device and settings) and measures only the missing ones, so that calls of a
-few minutes each on one machine build one table (the acceptance run: every peer at L = 4K,
-16K, 32K and D = 64, 128 takes longer than one call);
+``--resume`` keeps the rows of --out's results.json that came from this machine since its
+last boot, and those of shapes (L, D) another machine of the same device kind finished (every
+op measured there), with the same settings, and measures only the missing ones, so that calls
+of a few minutes each build one table (the acceptance run: every peer at L = 4K, 16K, 32K and
+D = 64, 128 takes longer than one call, and the device machine is lent for at most 30
+minutes). Every shape's rows come from one machine, so each ratio compares two timings of one
+machine; results.md names the machine of each shape;
 ``--fla-autotune-configs N`` keeps only the first N configs of every Triton autotuner (FLA's
 autotuning otherwise takes most of a short GPU call; FLA rows are then possibly slower than
 fully tuned). Needs a GPU (and torch + fla-core for the FLA rows).
@@ -325,19 +328,28 @@ def machine():
 
 
 def resumed_rows(path, settings):
-    """The rows of an earlier results.json at ``path`` when its machine and ``settings`` (batch,
-    heads, reps, jax version) are this run's, else [] (saying why)."""
+    """``(rows, finished)`` of an earlier results.json at ``path`` whose ``settings`` (batch,
+    heads, reps, jax version) and device kind are this run's: its rows from this machine (since
+    its last boot) and those of the shapes in its ``finished`` list ([L, D] pairs whose every
+    op was measured, on one machine); else ``([], [])``, saying why."""
     if not os.path.exists(path):
-        return []
+        return [], []
     with open(path) as f:
         earlier = json.load(f)
-    here = dict(settings, machine=machine())
-    differ = [key for key, value in here.items() if earlier.get(key) != value]
+    here = machine()
+    device = here.split(", boot ")[0]
+    differ = [key for key, value in dict(settings, device=device).items()
+              if earlier.get(key) != value]
     if differ:
         print(f"--resume: {path} differs in {', '.join(differ)}: measuring afresh")
-        return []
-    print(f"--resume: {len(earlier['rows'])} rows from an earlier call on this machine")
-    return earlier["rows"]
+        return [], []
+    finished = earlier.get("finished", [])
+    rows = [dict(r, machine=r.get("machine", earlier["machine"])) for r in earlier["rows"]]
+    kept = [r for r in rows if r["machine"] == here or [r["L"], r["D"]] in finished]
+    mine = sum(r["machine"] == here for r in kept)
+    print(f"--resume: {len(kept)} rows from earlier calls ({mine} on this machine), "
+          f"{len(rows) - len(kept)} of another machine's unfinished shapes dropped")
+    return kept, finished
 
 
 def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None):
@@ -346,7 +358,8 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
     up first (:func:`prepared_jax`, :func:`prepared_torch`); then ``reps`` rounds each take
     one sample of every one in turn, so that a change of the machine's state during the run
     (clocks, what ran before) falls on all ops alike rather than on the rows timed during it.
-    A row holds the median and the quartiles of its samples. save() is called after."""
+    A row holds the median and the quartiles of its samples and names this machine. save() is
+    called after. Returns whether every op was measured (False: ``out_of_time`` stopped it)."""
     q, k, v, dy, g = inputs(B, L, H, D, rng)
     ready = {}  # (name, kind): (sample, MiB)
 
@@ -379,10 +392,10 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
         for name, fn in jax_cases(quick).items():
             for kind, f in (("fwd", fn), ("fwd+bwd", with_grads(fn, jdy))):
                 if not prepare(name, kind, jax_preparer(name, f)):
-                    return
+                    return False
         cases = torch_cases()
         if not cases:
-            return
+            return True
         import torch
         tq, tk, tv, tdy = (torch.tensor(x, dtype=torch.bfloat16, device="cuda")
                            for x in (q, k, v, dy))
@@ -400,17 +413,21 @@ def bench_shape(B, L, H, D, reps, rng, rows, quick, out_of_time, save, ops=None)
 
             for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd))[:2 if has_bwd else 1]:
                 if not prepare(name, kind, lambda f=f: prepared_torch(f)):
-                    return
+                    return False
+        return True
 
-    prepare_all()
+    finished = prepare_all()
     times = interleaved({key: sample for key, (sample, _) in ready.items()}, reps)
+    here = machine()
     for (name, kind), (_, mib) in ready.items():
         q25, ms, q75 = quartiles(times[name, kind])
-        rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, q25=q25, q75=q75, mib=mib))
+        rows.append(dict(op=name, kind=kind, L=L, D=D, ms=ms, q25=q25, q75=q75, mib=mib,
+                         machine=here))
         print(f"{name:26s} {kind:8s} L={L:6d} D={D:4d} {ms:9.3f} ms (IQR {q25:.3f} to "
               f"{q75:.3f})  {mib or 0:9.1f} MiB", flush=True)
     if ready:
         save()
+    return finished
 
 
 def cross_check_with_fla(rng):
@@ -589,7 +606,13 @@ def markdown(rows, header):
     lengths = sorted({r["L"] for r in rows})
     index = {(r["op"], r["kind"], r["D"], r["L"]): r for r in rows}
     keys = sorted({(r["op"], r["kind"], r["D"]) for r in rows}, key=lambda x: (x[2], x[1], x[0]))
-    lines = [header, "", "Times in ms (peak MiB in parentheses).", "",
+    shapes = {}
+    for r in rows:
+        shapes.setdefault(r.get("machine", "unknown"), set()).add((r["L"], r["D"]))
+    lines = [header, "", "Machines: " + "; ".join(
+                 f"{m} (" + ", ".join(f"L={L} D={D}" for L, D in sorted(s)) + ")"
+                 for m, s in shapes.items()),
+             "", "Times in ms (peak MiB in parentheses).", "",
              "| op | pass | D | " + " | ".join(f"L={L}" for L in lengths) + " |",
              "|---|---|---|" + "---|" * len(lengths)]
     for op, kind, D in keys:
@@ -732,13 +755,12 @@ def main():
               f"at {args.fla_autotune_configs or 'no cap'}")
     settings = dict(batch=args.batch, heads=args.heads, reps=reps, jax=jax.__version__)
     path = os.path.join(args.out, "results.json")
-    rows = resumed_rows(path, settings) if args.resume else []
-    here = machine()
+    rows, finished = resumed_rows(path, settings) if args.resume else ([], [])
 
     def save():
         with open(path, "w") as f:
-            json.dump(dict(settings, device=device, machine=here, rows=rows,
-                           fla_cross_check=err), f, indent=1)
+            json.dump(dict(settings, device=device, machine=machine(), rows=rows,
+                           finished=finished, fla_cross_check=err), f, indent=1)
         with open(os.path.join(args.out, "results.md"), "w") as f:
             f.write(markdown(rows, header) + "\n")
 
@@ -749,8 +771,10 @@ def main():
             ops = [x for x in args.ops.split(",") if x and only.get(x, L) == L]
             if args.ops and not ops:
                 continue
-            bench_shape(args.batch, L, args.heads, D, reps, rng, rows, args.quick, out_of_time,
-                        save, ops)
+            if bench_shape(args.batch, L, args.heads, D, reps, rng, rows, args.quick,
+                           out_of_time, save, ops) and [L, D] not in finished:
+                finished.append([L, D])
+                save()
     if rows:
         plot(rows, os.path.join(args.out, "results.png"))
         print(markdown(rows, header))

@@ -125,26 +125,39 @@ def test_targets_mark_the_misses():
     assert bench_kernels.ACCEPTANCE["only"] == {"cudnn_full$": 16384}  # its one target's L
 
 
-def test_resume_keeps_this_machines_rows(tmp_path, monkeypatch, capsys):
+def test_resume_keeps_this_machines_rows_and_finished_shapes(tmp_path, monkeypatch, capsys):
     """``--resume``: rows of an earlier call on this machine (same boot, device and settings)
-    are kept and not measured again; rows of another machine or other settings are not."""
+    are kept and not measured again; another machine's of the same device kind only where it
+    finished the shape (so every shape's rows come from one machine); other settings' or
+    another device kind's not at all."""
     import json
     settings = dict(batch=1, heads=1, reps=2, jax=jax.__version__)
+    here = bench_kernels.machine()
+    device = here.split(", boot ")[0]
     path = tmp_path / "results.json"
     earlier = dict(op="xla_chunk_causal", kind="fwd", L=64, D=8, ms=9.0, mib=None)
-    path.write_text(json.dumps(dict(settings, machine=bench_kernels.machine(), rows=[earlier])))
-    rows = bench_kernels.resumed_rows(str(path), settings)
-    assert rows == [earlier] and "1 rows from an earlier call" in capsys.readouterr().out
-    bench_kernels.bench_shape(1, 64, 1, 8, 2, np.random.default_rng(0), rows, False,
-                              lambda: False, lambda: None, ["xla_chunk_causal$"])
-    assert [(r["kind"], r["ms"]) for r in rows][0] == ("fwd", 9.0)  # not measured again
-    assert [r["kind"] for r in rows] == ["fwd", "fwd+bwd"]
-    assert bench_kernels.resumed_rows(str(path), dict(settings, reps=3)) == []
+    path.write_text(json.dumps(dict(settings, device=device, machine=here, rows=[earlier])))
+    rows, finished = bench_kernels.resumed_rows(str(path), settings)
+    assert rows == [dict(earlier, machine=here)] and finished == []
+    assert "1 rows from earlier calls (1 on this machine)" in capsys.readouterr().out
+    done = bench_kernels.bench_shape(1, 64, 1, 8, 2, np.random.default_rng(0), rows, False,
+                                     lambda: False, lambda: None, ["xla_chunk_causal$"])
+    assert done and [(r["kind"], r["ms"]) for r in rows][0] == ("fwd", 9.0)  # not measured again
+    assert [(r["kind"], r["machine"]) for r in rows] == [("fwd", here), ("fwd+bwd", here)]
+    assert bench_kernels.resumed_rows(str(path), dict(settings, reps=3)) == ([], [])
     assert "differs in reps" in capsys.readouterr().out
+    # another machine of this device kind: finished shapes only
+    other = dict(earlier, L=128, machine=f"{device}, boot 1")
+    path.write_text(json.dumps(dict(settings, device=device, machine=f"{device}, boot 1",
+                                    rows=[earlier, other], finished=[[128, 8]])))
+    assert bench_kernels.resumed_rows(str(path), settings) == ([other], [[128, 8]])
+    assert "1 of another machine's unfinished shapes dropped" in capsys.readouterr().out
+    assert bench_kernels.bench_shape(1, 64, 1, 8, 2, np.random.default_rng(0), [], False,
+                                     lambda: True, lambda: None, ["xla_chunk_causal$"]) is False
     monkeypatch.setattr(bench_kernels, "machine", lambda: "another GPU, boot 0")
-    assert bench_kernels.resumed_rows(str(path), settings) == []
-    assert "differs in machine" in capsys.readouterr().out
-    assert bench_kernels.resumed_rows(str(tmp_path / "none.json"), settings) == []
+    assert bench_kernels.resumed_rows(str(path), settings) == ([], [])
+    assert "differs in device" in capsys.readouterr().out
+    assert bench_kernels.resumed_rows(str(tmp_path / "none.json"), settings) == ([], [])
 
 
 def test_ops_of_a_shape_are_timed_in_interleaved_rounds(monkeypatch, rng):
