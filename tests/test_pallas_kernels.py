@@ -576,11 +576,15 @@ def test_causal_backward_states_kept_or_recomputed(rng):
         assert err <= TOL[jnp.float32], f"{name}: {err}"
 
 
-@pytest.mark.parametrize("K,V,decay", [(64, 64, "strong"), (40, 48, "mild")])
-def test_causal_grads_mosaic_against_triton(rng, K, V, decay):
+@pytest.mark.parametrize("K,V,decay", [(64, 64, "strong"), (40, 48, "mild"),
+                                       (96, 128, "strong"), (128, 72, "mild")])
+def test_causal_grads_mosaic_against_triton(rng, monkeypatch, K, V, decay):
     """The causal backward's Mosaic GPU gradients kernel (on CPU in its interpreter) against
-    the Triton kernel on the same states, bf16, with an initial state and its cotangent."""
+    the Triton kernel on the same states, bf16, with an initial state and its cotangent: the
+    states in the kernel's pipeline (Kp = Vp = 64) and single-buffered (Kp or Vp 128)."""
+    from pallas_kernels import mosaic_causal_backward
     from pallas_kernels.causal_backward import causal_backward
+    monkeypatch.setattr(mosaic_causal_backward, "SINGLE_BUFFERED", True)
     B, L, H = 1, 192, 2
     q, k, v, g = make_inputs(rng, B, L, H, K, V, jnp.bfloat16, decay)
     s0, ds = (jnp.asarray(rng.standard_normal((B, H, K, V)), jnp.float32) for _ in range(2))
@@ -610,17 +614,23 @@ def test_lion_grads_mosaic_against_triton(rng, normalize, K, V, decay):
     check_close(got, want, jnp.bfloat16, ["dq", "dk", "dv", "dlog_decay"])
 
 
-def test_grads_mosaic_reasons():
+def test_grads_mosaic_reasons(monkeypatch):
     """grads="mosaic" names what the Mosaic gradients kernels cannot take."""
+    from pallas_kernels import mosaic_causal_backward
     from pallas_kernels.causal_backward import causal_backward
     from pallas_kernels.mosaic_causal_backward import supported
     x = jnp.zeros((1, 64, 1, 128), jnp.bfloat16)
-    assert "shared memory" in supported(x, x, 64)
+    assert "SINGLE_BUFFERED" in supported(x, x, 64)  # the single-buffered layout: off
+    monkeypatch.setattr(mosaic_causal_backward, "SINGLE_BUFFERED", True)
+    assert supported(x, x, 64) is None
+    assert "shared memory" in supported(x, jnp.zeros((1, 64, 1, 256), jnp.bfloat16), 64)
     assert "bf16 or fp16" in supported(x.astype(jnp.float32), x.astype(jnp.float32), 64)
     assert "chunks of 64" in supported(x[:, :, :, :64], x[:, :, :, :64], 32)
     g, s = jnp.zeros((1, 64, 1), jnp.float32), jnp.zeros((1, 1, 128, 128), jnp.float32)
+    w = jnp.zeros((1, 64, 1, 256), jnp.bfloat16)
     with pytest.raises(ValueError, match="grads='mosaic': .*shared memory"):
-        causal_backward(x, x, x, g, None, x, s, chunk=64, interpret=True, grads="mosaic")
+        causal_backward(x, x, w, g, None, w, jnp.zeros((1, 1, 128, 256), jnp.float32),
+                        chunk=64, interpret=True, grads="mosaic")
     with pytest.raises(ValueError, match="grads must be"):
         causal_backward(x, x, x, g, None, x, s, chunk=64, interpret=True, grads="cuda")
     from pallas_kernels.mosaic_lion_backward import supported as lion_supported
