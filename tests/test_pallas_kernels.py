@@ -350,10 +350,12 @@ def check_bf16_against_float64(fn, reference, args, dy):
 
 
 MOSAIC_CASES = [  # op, L, K, V, decay, with s0 / normalize ("centre": with centre_values),
-    # the gradients kernels (GRADS_KERNEL; "auto": Mosaic GPU where Kp = Vp = 64)
+    # the gradients kernels (GRADS_KERNEL; "auto": Mosaic GPU where Kp = Vp = 64; "mosaic" with
+    # mosaic_causal_backward.SINGLE_BUFFERED)
     ("causal", 200, 64, 64, "strong", True, "triton"),
     ("causal", 200, 64, 64, "strong", True, "auto"),
     ("causal", 130, 96, 80, "mild", False, "triton"),
+    ("causal", 130, 96, 80, "mild", False, "mosaic"),  # Kp = Vp = 128: single-buffered states
     ("bidirectional", 200, 64, 64, "strong", True, "triton"),
     ("bidirectional", 200, 64, 64, "strong", True, "auto"),
     ("bidirectional", 150, 40, 48, "mild", False, "auto"),
@@ -368,8 +370,9 @@ def test_mosaic_backend(rng, monkeypatch, op, L, K, V, decay, flag, grads):
     gradients kernels as Mosaic GPU kernels; on CPU in the Mosaic GPU interpreter) against
     float64, forward and gradients, bf16 with chunk 64; and against backend="triton" on the
     same inputs."""
-    from pallas_kernels import linear_attention
+    from pallas_kernels import linear_attention, mosaic_causal_backward
     monkeypatch.setattr(linear_attention, "GRADS_KERNEL", grads)
+    monkeypatch.setattr(mosaic_causal_backward, "SINGLE_BUFFERED", grads == "mosaic")
     jax.clear_caches()  # read when the op is traced
     B, H = 1, 2
     bidirectional = op == "bidirectional"
