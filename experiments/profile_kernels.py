@@ -1,13 +1,16 @@
 """Per-kernel GPU times of our ops' forward + backward, to see where the time goes.
 
     python -m experiments.profile_kernels [--lengths 16384] [--dims 128,64]
-        [--ops causal,lion,per_feature] [--reps 5] [--settings | --dense | --feature_map]
+        [--ops causal,lion,per_feature] [--pass fwd+bwd] [--reps 5]
+        [--settings | --dense | --feature_map]
 
 For each op (``causal``: ``pallas_kernels.causal_linear_attention``, ``lion``:
 ``pallas_kernels.bidirectional_linear_attention``, normalised; ``per_feature``:
 ``bench_kernels.causal_per_feature``, the causal op with the decay copied to every key feature;
 per-token decay, bf16, B = 4, H = 16, the inputs of ``experiments.bench_kernels``) it jits
-forward + backward (output kept live), times it as ``bench_kernels`` does, then runs it
+forward + backward (output kept live; ``--pass fwd``: the forward alone), times it as
+``bench_kernels`` does (the gap between that time and the kernels' sum is what the device
+spends between kernels, or waiting for the host to launch them), then runs it
 ``--reps`` times under ``torch.profiler``, whose CUPTI tracing records every CUDA kernel of the
 process, JAX's included, and prints each kernel's time per call, largest first: the Pallas
 kernels by name (``chunk_outputs``, ``causal_backward``, ``bidirectional_outputs``,
@@ -260,6 +263,8 @@ def main():
     parser.add_argument("--lengths", default="16384")
     parser.add_argument("--dims", default="128,64")
     parser.add_argument("--ops", default="causal,lion")
+    parser.add_argument("--pass", dest="kind", choices=("fwd", "fwd+bwd"), default="fwd+bwd",
+                        help="profile the forward alone or forward + backward")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
@@ -302,7 +307,7 @@ def main():
         return
     rng = np.random.default_rng(0)
     print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, B={args.batch} "
-          f"H={args.heads}, bf16; per-kernel ms per fwd+bwd call (torch.profiler / CUPTI)")
+          f"H={args.heads}, bf16; per-kernel ms per {args.kind} call (torch.profiler / CUPTI)")
     for L in (int(x) for x in args.lengths.split(",")):
         for D in (int(x) for x in args.dims.split(",")):
             q, k, v, dy, g = inputs(args.batch, L, args.heads, D, rng)
@@ -316,8 +321,9 @@ def main():
                 def fwd_bwd(q, k, v, g, op=OPS[name]):
                     out, vjp = jax.vjp(op, q, k, v, g)
                     return out, vjp(dy)
-                ms, _ = time_jax(fwd_bwd, (q, k, v, g), 10)
-                times = kernel_times(jax.jit(fwd_bwd), (q, k, v, g), args.reps)
+                fn = OPS[name] if args.kind == "fwd" else fwd_bwd
+                ms, _ = time_jax(fn, (q, k, v, g), 10)
+                times = kernel_times(jax.jit(fn), (q, k, v, g), args.reps)
                 kernels = sum(t for t, _ in times.values())
                 print(f"== {name} L={L} D={D}: {ms:.3f} ms per call timed, {kernels:.3f} ms "
                       f"in kernels", flush=True)
