@@ -27,15 +27,23 @@ import numpy as np
 WARPGROUPS = ("chain", "outputs", "memory")  # warpgroup index 0, 1, 2 of each program
 
 
-def region_cycles(trace):
+def warpgroup_names(outputs):
+    """The names of one program's warpgroups by index, with ``outputs`` output warpgroups."""
+    if outputs == 1:
+        return WARPGROUPS
+    return ("chain",) + tuple(f"outputs {o + 1}" for o in range(outputs)) + ("memory",)
+
+
+def region_cycles(trace, names=WARPGROUPS):
     """{(warpgroup, region): [cycles of each call]} and {warpgroup: [span of each program]}
-    from a Mosaic GPU profiler trace (``ts`` in clock cycles / 1e3 within one program)."""
+    from a Mosaic GPU profiler trace (``ts`` in clock cycles / 1e3 within one program);
+    ``names``: the warpgroups' names by index (:func:`warpgroup_names`)."""
     calls, spans = collections.defaultdict(list), collections.defaultdict(list)
     by_thread = collections.defaultdict(list)
     for event in trace["traceEvents"]:
         by_thread[event["tid"]].append(event)
     for tid, events in by_thread.items():
-        wg = WARPGROUPS[(tid - 1) % len(WARPGROUPS)]
+        wg = names[(tid - 1) % len(names)]
         open_at = {}
         for event in events:
             if event["ph"] == "B":
@@ -63,7 +71,7 @@ def profile(D, length, out_dir):
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels.mosaic_causal_warps import causal_forward_warps
+    from pallas_kernels.mosaic_causal_warps import OUTPUT_WARPGROUPS, causal_forward_warps
     from pallas_kernels.chunk_scan import runs_until
     from pallas_kernels.two_pass import FUSED_TARGET_PROGRAMS
     rng = np.random.default_rng(0)
@@ -81,10 +89,11 @@ def profile(D, length, out_dir):
     jax.effects_barrier()  # the trace is written by a host callback
     newest = max(glob.glob(os.path.join(trace_dir, "*-trace.json")), key=os.path.getmtime)
     with open(newest) as f:
-        calls, spans = region_cycles(json.load(f))
+        names = warpgroup_names(OUTPUT_WARPGROUPS.get(D, 1))
+        calls, spans = region_cycles(json.load(f), names)
     head = [f"### D = {D}, L = {length}, {splits} run(s), {length // 64 // splits} chunks per "
             f"program; span per program (cycles): "
-            + ", ".join(f"{wg} {statistics.mean(spans[wg]):.0f}" for wg in WARPGROUPS), ""]
+            + ", ".join(f"{wg} {statistics.mean(spans[wg]):.0f}" for wg in names), ""]
     return head + table(calls, spans) + [""]
 
 

@@ -47,7 +47,11 @@ The work is split across three warpgroups of one program per (b, h, V-block j, r
   (``Q e^A`` over the slot's q).
 
 The outputs of chunk n overlap the state update of chunk n + 1, and the loads run ahead by
-``stages`` chunks. Barriers: ``loaded`` (per input and slot, TMA bytes), ``consumed`` (per slot,
+``stages`` chunks. With ``outputs`` = 2 (``OUTPUT_WARPGROUPS``; the profile below found the
+outputs warpgroup setting the pace at D 64) two output warpgroups take alternate chunks, so
+two chunks' outputs are computed at once: the pipeline slots and the ``2 outputs`` state tiles
+are multiples of ``outputs``, so that each slot's and each tile's barriers have one waiter of
+each role, and the registers are shared four ways (:func:`compute_registers`). Barriers: ``loaded`` (per input and slot, TMA bytes), ``consumed`` (per slot,
 two arrivals), ``state_ready`` and ``state_free`` (per state tile). Every waiter observes
 every phase of its barriers (the interpreter checks it), so the memory warpgroup and the
 chain wait out the last releases before the barriers go.
@@ -80,8 +84,14 @@ from pallas_kernels.mosaic_tiles import (DECAY_ROWS, ROWS, WGMMA, causal_mask,
 # H100, 2026-12-07, 4 at Kp = 64 took 9 % longer and 2 at 128 12 %, and in an interleaved A/B
 # of this layout 4 and 5 at Kp 64 took 2.7 % and 3.0 % longer: docs/benchmarks.md).
 STAGES = (3, 2)
-# Registers per thread: the memory warpgroup gives its share to the two computing ones.
-MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
+# Warpgroups computing outputs per Kp, each taking every n-th chunk of its program (the module
+# docstring). 1 until 2 is timed on a GPU (tested at Kp 64 in the Mosaic GPU interpreter; at
+# Kp 128 two take 230 KiB of shared memory, past the 227); read when the op is traced
+# (``experiments.ab_settings``: mosaic_causal_warps.OUTPUT_WARPGROUPS={64: 2, 128: 1}).
+OUTPUT_WARPGROUPS = {64: 1, 128: 1}
+# Registers per thread of the memory warpgroup, which gives the rest of its share to the
+# computing ones (:func:`compute_registers`).
+MEMORY_REGISTERS = 40
 # Programs of the walk that gives the runs their entering states (:func:`run_states`): the
 # chunks before the last run walked in runs of N / runs_until(programs, N, this) chunks, so
 # that walk is short (chains of N / runs chunks instead of N / splits) rather than as long as
@@ -91,39 +101,55 @@ MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
 RUN_STATES_PROGRAMS = 512
 
 
-def smem_bytes(chunk, kp, bv, itemsize, stages):
+def compute_registers(outputs):
+    """Registers per thread of each computing warpgroup (the chain and ``outputs`` output
+    warpgroups): the 64K of a multiprocessor less the memory warpgroup's, in multiples of 8
+    (232 with one output warpgroup, 152 with two)."""
+    return (65536 // 128 - MEMORY_REGISTERS) // (outputs + 1) // 8 * 8
+
+
+def smem_bytes(chunk, kp, bv, itemsize, stages, outputs=1):
     """Shared memory of one program when compiled: ``stages`` slots of q, k, v and four decay
-    rows; the chain's two ``e^tail V`` tiles and two state tiles; the outputs' two y tiles; the
-    float32 state tile (first and last state). (The interpreter also keeps a W tile.)"""
+    rows; the chain's two ``e^tail V`` tiles and ``2 outputs`` state tiles; each output
+    warpgroup's two y tiles; the float32 state tile (first and last state). (The interpreter
+    also keeps a W tile per output warpgroup.)"""
     slot = (2 * chunk * kp + chunk * bv) * itemsize + len(DECAY_ROWS) * 4 * chunk
-    chain = (2 * chunk * bv + 2 * kp * bv) * itemsize
-    outputs = 2 * chunk * bv * itemsize
-    return stages * slot + chain + outputs + 4 * kp * bv
+    chain = (2 * chunk * bv + 2 * outputs * kp * bv) * itemsize
+    ys = 2 * outputs * chunk * bv * itemsize
+    return stages * slot + chain + ys + 4 * kp * bv
 
 
-def pick_stages(kp, itemsize, chunk=CHUNK):
-    """The most pipeline slots of ``STAGES`` that fit in shared memory (the last if none)."""
-    fits = [s for s in STAGES
-            if smem_bytes(chunk, kp, BLOCK_V, itemsize, s) + 4096 <= SMEM_BYTES]
-    return (fits or STAGES[-1:])[0]
+def pick_stages(kp, itemsize, chunk=CHUNK, outputs=1):
+    """The most pipeline slots of ``STAGES``, each rounded up to a multiple of ``outputs`` (a
+    slot's chunks then go to one output warpgroup), that fit in shared memory (the last if
+    none)."""
+    counts = [-(-s // outputs) * outputs for s in STAGES]
+    fits = [s for s in counts
+            if smem_bytes(chunk, kp, BLOCK_V, itemsize, s, outputs) + 4096 <= SMEM_BYTES]
+    return (fits or counts[-1:])[0]
 
 
-def supported(q, v, chunk=CHUNK, stages=None):
+def supported(q, v, chunk=CHUNK, stages=None, outputs=None):
     """None when :func:`causal_forward_warps` takes these padded inputs, else why."""
-    stages = stages or pick_stages(q.shape[-1], q.dtype.itemsize, chunk)
-    smem = smem_bytes(chunk, q.shape[-1], BLOCK_V, q.dtype.itemsize, stages)
+    outputs = outputs or OUTPUT_WARPGROUPS.get(q.shape[-1], 1)
+    stages = stages or pick_stages(q.shape[-1], q.dtype.itemsize, chunk, outputs)
+    if stages % outputs:
+        return f"stages ({stages}) must be a multiple of the output warpgroups ({outputs})"
+    smem = smem_bytes(chunk, q.shape[-1], BLOCK_V, q.dtype.itemsize, stages, outputs)
     return layout_reason(q, v, chunk, f"warp-specialized causal forward with {stages} stages",
                          smem)
 
 
 def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stages, store,
-            registers):
+            registers, outputs):
     """One (b, h, V-block j, run r) program over chunks ``r * run ... (r + 1) * run - 1``.
 
     q, k ``[B, L, H, Kp]``; v ``[B, L, H, Vp]``; ``decay_ref [3, B, H, L]`` float32 rows (A,
     e^A, e^tail); s0 ``[B, H, R, Kp, Vp]`` float32 (the state entering each run) or None;
     outputs y ``[B, L, H, Vp]``, h ``[B, H, N, Kp, Vp]`` (``store``), ends ``[B, H, R, Kp, Vp]``
     float32. ``registers``: W and ``Q e^A`` as register operands (else through shared memory).
+    Warpgroups: 0 the chain, 1 ... ``outputs`` the outputs (warpgroup 1 + o takes chunks o,
+    o + outputs, ...), then the memory warpgroup.
     """
     refs = list(refs)
     y_ref = refs.pop(0)
@@ -138,10 +164,12 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
     first = r * run
     tokens = lambda n: pl.ds((first + n) * chunk, chunk)
     slot_of = lambda n, count: lax.rem(n, jnp.asarray(count, n.dtype))
+    tiles = 2 * outputs  # state tiles: tile n % tiles, read by output warpgroup n % outputs
+    regs = compute_registers(outputs)
 
     def body(bufs, loaded, consumed, state_ready, state_free, s_bar):
-        q_buf, k_buf, v_buf, rows_buf, vt_buf, st_buf, y_buf, s32, *extra = bufs
-        w_s = extra.pop(0) if not registers else None
+        q_buf, k_buf, v_buf, rows_buf, vt_buf, st_buf, y_bufs, s32, *extra = bufs
+        w_bufs = extra.pop(0) if not registers else None
 
         def load(n, slot):
             seq = tokens(n)
@@ -157,7 +185,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             for x in which:
                 plgpu.barrier_wait(loaded[x].at[slot])
 
-        @pl.when(wg == 2)
+        @pl.when(wg == outputs + 1)
         def _memory():
             plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
             for n in range(min(stages, run)):
@@ -176,7 +204,7 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
 
         @pl.when(wg == 0)
         def _chain():
-            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            plgpu.set_max_registers(regs, action="increase")
             if s0_ref is None:
                 state = plgpu.layout_cast(jnp.zeros((kp, bv), f32), WGMMA)
             else:
@@ -195,20 +223,20 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
             decayed_values(jnp.int32(0))
 
             def step(n, state):
-                slot, half = slot_of(n, stages), slot_of(n, 2)
+                slot, half, t = slot_of(n, stages), slot_of(n, 2), slot_of(n, tiles)
 
                 with jax.named_scope("chain: wait for a free state tile"):
-                    @pl.when(n >= 2)
-                    def _():  # the outputs are done with chunk n - 2's state tile
-                        plgpu.barrier_wait(state_free.at[half])
+                    @pl.when(n >= tiles)
+                    def _():  # the outputs are done with chunk n - tiles' state tile
+                        plgpu.barrier_wait(state_free.at[t])
 
                     if store:  # and its copy to h has read it
                         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
                 with jax.named_scope("chain: hand the state over"):
-                    st_s = st_buf.at[half]
+                    st_s = st_buf.at[t]
                     st_s[...] = state.astype(dtype)  # the state entering chunk n
                     plgpu.commit_smem()
-                    plgpu.barrier_arrive(state_ready.at[half])
+                    plgpu.barrier_arrive(state_ready.at[t])
                     if store:
                         plgpu.copy_smem_to_gmem(st_s, h_ref.at[b, hd, first + n, :, cols])
                 with jax.named_scope("chain: wait for k"):
@@ -232,18 +260,20 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
 
             state = lax.fori_loop(0, run, step, state)
 
-            @pl.loop(max(run - 2, 0), run)
-            def _(n):  # the last two state tiles' releases observed before the barriers go
-                plgpu.barrier_wait(state_free.at[slot_of(n, 2)])
+            @pl.loop(max(run - tiles, 0), run)
+            def _(n):  # the last state tiles' releases observed before the barriers go
+                plgpu.barrier_wait(state_free.at[slot_of(n, tiles)])
 
             s32[...] = state
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(s32, end_ref.at[b, hd, r, :, cols])
             plgpu.wait_smem_to_gmem(0)
 
-        @pl.when(wg == 1)
-        def _outputs():
-            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+        def outputs_warpgroup(o):
+            """Output warpgroup 1 + o: chunks o, o + outputs, ..."""
+            plgpu.set_max_registers(regs, action="increase")
+            y_buf = y_bufs.at[o]
+            w_s = None if registers else w_bufs.at[o]
             causal = tile_iota((chunk, chunk), 0) >= tile_iota((chunk, chunk), 1)
 
             def scores(acc, left, right):  # Q K^T
@@ -279,26 +309,27 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
                                    q_buf.at[slot])
                 return operand(w.astype(dtype), w_s), q_op
 
-            @pl.loop(0, run)
+            @pl.loop(o, run, step=outputs)
             def _(n):
-                slot, half = slot_of(n, stages), slot_of(n, 2)
+                slot, t = slot_of(n, stages), slot_of(n, tiles)
+                half = slot_of(lax.div(n, jnp.asarray(outputs, n.dtype)), 2)  # y tile
                 with jax.named_scope("outputs: wait for the inputs"):
                     wait_loaded(slot, (0, 1, 2, 3, 4, 6))
                 w_op, q_op = w_and_queries(slot)
                 with jax.named_scope("outputs: wait for the state"):
-                    plgpu.barrier_wait(state_ready.at[half])
+                    plgpu.barrier_wait(state_ready.at[t])
 
                 def mma(acc):  # y = W V + (Q e^A) S
                     plgpu.wgmma(acc, w_op, v_buf.at[slot])
-                    plgpu.wgmma(acc, q_op, st_buf.at[half])
+                    plgpu.wgmma(acc, q_op, st_buf.at[t])
                     return acc[...]
 
                 with jax.named_scope("outputs: y wgmmas"):
                     y = pl.run_scoped(mma, plgpu.ACC((chunk, bv), f32))
                 with jax.named_scope("outputs: store y"):
-                    plgpu.barrier_arrive(state_free.at[half])
+                    plgpu.barrier_arrive(state_free.at[t])
                     plgpu.barrier_arrive(consumed.at[slot])
-                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # y tile of chunk n - 2
+                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this y tile's last copy
                     y_s = y_buf.at[half]
                     y_s[...] = y.astype(dtype)
                     plgpu.commit_smem()
@@ -306,20 +337,23 @@ def _kernel(q_ref, k_ref, v_ref, decay_ref, s0_ref, *refs, chunk, run, bv, stage
 
             plgpu.wait_smem_to_gmem(0)
 
+        for o in range(outputs):
+            pl.when(wg == 1 + o)(functools.partial(outputs_warpgroup, o))
+
     bufs = [plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, chunk, kp), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, chunk, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((stages, len(DECAY_ROWS), chunk), f32),
             plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
-            plgpu.SMEM((2, kp, bv), dtype, transforms=_TILE16),
-            plgpu.SMEM((2, chunk, bv), dtype, transforms=_TILE16),
+            plgpu.SMEM((tiles, kp, bv), dtype, transforms=_TILE16),
+            plgpu.SMEM((outputs, 2, chunk, bv), dtype, transforms=_TILE16),
             plgpu.SMEM((kp, bv), f32, transforms=_TILE32)]
     if not registers:
-        bufs.append(plgpu.SMEM((chunk, chunk), dtype, transforms=_TILE16))
+        bufs.append(plgpu.SMEM((outputs, chunk, chunk), dtype, transforms=_TILE16))
     pl.run_scoped(
         body, bufs, [plgpu.Barrier(num_barriers=stages)] * (3 + len(DECAY_ROWS)),
-        plgpu.Barrier(num_arrivals=2, num_barriers=stages), plgpu.Barrier(num_barriers=2),
-        plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=1), collective_axes="wg")
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages), plgpu.Barrier(num_barriers=tiles),
+        plgpu.Barrier(num_barriers=tiles), plgpu.Barrier(num_barriers=1), collective_axes="wg")
 
 
 def run_states(k, v, g, s0, *, chunk, splits, interpret):
@@ -349,7 +383,8 @@ def run_states(k, v, g, s0, *, chunk, splits, interpret):
 
 
 def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_states=False,
-                         stages=None, interpret=None, registers=None, profile_dir=None):
+                         stages=None, outputs=None, interpret=None, registers=None,
+                         profile_dir=None):
     """The causal forward pass (not strict) of padded inputs in the warp-specialized kernel.
 
     Args:
@@ -360,7 +395,8 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
       s0: None or ``[B, H, Kp, Vp]`` float32, the state before the first token.
       splits: runs to cut the chunks into (a power of two dividing N; module docstring).
       store_states: also return the state entering every chunk (the backward's residual).
-      stages: pipeline slots (None: :func:`pick_stages`).
+      stages: pipeline slots (None: :func:`pick_stages`), a multiple of ``outputs``.
+      outputs: warpgroups computing outputs (None: ``OUTPUT_WARPGROUPS`` at Kp).
       interpret: None, or ``plgpu.InterpretGPUParams()`` to run the Mosaic GPU interpreter.
       registers: W and ``Q e^A`` as the wgmmas' register operands (None: when compiled; the
         interpreter takes none).
@@ -375,10 +411,11 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
     if g.ndim != 3:
         raise ValueError(f"the warp-specialized causal forward takes scalar log-decays "
                          f"[B, L, H] (got {g.shape}); per-feature decay: causal_forward_mosaic")
-    if (reason := supported(q, v, chunk, stages)) is not None:
+    outputs = outputs or OUTPUT_WARPGROUPS.get(q.shape[-1], 1)
+    if (reason := supported(q, v, chunk, stages, outputs)) is not None:
         raise ValueError(reason)
     B, L, H, kp = q.shape
-    stages = stages or pick_stages(kp, q.dtype.itemsize, chunk)
+    stages = stages or pick_stages(kp, q.dtype.itemsize, chunk, outputs)
     if registers is None:  # the interpreter takes no register operands
         registers = interpret is None
     vp = v.shape[-1]
@@ -389,18 +426,21 @@ def causal_forward_warps(q, k, v, g, s0=None, *, chunk=CHUNK, splits=1, store_st
         out_type.append(jax.ShapeDtypeStruct((B, H, N, kp, vp), q.dtype))
     out_type.append(jax.ShapeDtypeStruct((B, H, splits, kp, vp), jnp.float32))
     params = compiler_params()
-    if profile_dir is not None:  # 3 warpgroups x 4 int32 entries per region
-        free = SMEM_BYTES - smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages) - 8192
-        if free < 48 * 64:
+    if profile_dir is not None:  # 4 int32 entries per region and warpgroup
+        per_region = 16 * (outputs + 2)
+        free = (SMEM_BYTES - 8192
+                - smem_bytes(chunk, kp, BLOCK_V, q.dtype.itemsize, stages, outputs))
+        if free < per_region * 64:
             raise ValueError(f"no shared memory left for the profiler's trace at Kp {kp} "
-                             f"with {stages} stages; pass stages={stages - 1}")
-        params = compiler_params(profile_space=free // 48, profile_dir=profile_dir,
+                             f"with {stages} stages; pass stages={stages - outputs}")
+        params = compiler_params(profile_space=free // per_region, profile_dir=profile_dir,
                                  profile_bounds_check=True)
     y, *rest = plgpu.kernel(
         functools.partial(_kernel, chunk=chunk, run=N // splits, bv=BLOCK_V, stages=stages,
-                          store=store_states, registers=registers),
+                          store=store_states, registers=registers, outputs=outputs),
         out_type=tuple(out_type), grid=(B, H, nvb, splits), grid_names=tuple("bhjr"),
-        num_threads=3, thread_name="wg", interpret=interpret, compiler_params=params,
+        num_threads=outputs + 2, thread_name="wg", interpret=interpret,
+        compiler_params=params,
     )(q, k, v, mask_rows(g, chunk), s0)
     final = rest[-1][:, :, -1]
     return (y, final, rest[0]) if store_states else (y, final)

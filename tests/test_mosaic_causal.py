@@ -98,6 +98,15 @@ def test_against_float64(case):
     check_warps(case)
 
 
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5]], ids=["case1", "case2", "case5"])
+def test_two_output_warpgroups(case, monkeypatch):
+    """Two output warpgroups (``mosaic_causal_warps.OUTPUT_WARPGROUPS`` 2 at Kp 64: each takes
+    every other chunk, with 4 pipeline slots and 4 state tiles) against the float64 walk."""
+    from pallas_kernels import mosaic_causal_warps
+    monkeypatch.setattr(mosaic_causal_warps, "OUTPUT_WARPGROUPS", {64: 2})
+    check_warps(case)
+
+
 def check_warps(case):
     """One of ``CASES`` in the warp-specialized kernel against the float64 walk."""
     L, K, V, dtype, decay, with_s0, splits, store = case

@@ -27,6 +27,8 @@ def trace(programs, chunk_cycles):
 
 def test_region_cycles_and_table():
     regions = [("chain: update", 90), ("outputs: y wgmmas", 190), ("memory: wait", 40)]
+    assert profile_warps.warpgroup_names(1) == profile_warps.WARPGROUPS
+    assert profile_warps.warpgroup_names(2) == ("chain", "outputs 1", "outputs 2", "memory")
     calls, spans = profile_warps.region_cycles(trace(2, regions))
     assert sorted(calls) == sorted(zip(profile_warps.WARPGROUPS, (n for n, _ in regions)))
     assert calls["outputs", "outputs: y wgmmas"] == pytest.approx([190] * 8)
