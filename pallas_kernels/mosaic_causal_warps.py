@@ -51,8 +51,10 @@ The outputs of chunk n overlap the state update of chunk n + 1, and the loads ru
 outputs warpgroup setting the pace at D 64) two output warpgroups take alternate chunks, so
 two chunks' outputs are computed at once: the pipeline slots and the ``2 outputs`` state tiles
 are multiples of ``outputs``, so that each slot's and each tile's barriers have one waiter of
-each role, and the registers are shared four ways (:func:`compute_registers`). Barriers: ``loaded`` (per input and slot, TMA bytes), ``consumed`` (per slot,
-two arrivals), ``state_ready`` and ``state_free`` (per state tile). Every waiter observes
+each role, and the registers are shared four ways (:func:`compute_registers`).
+
+Barriers: ``loaded`` (per input and slot, TMA bytes), ``consumed`` (per slot, two arrivals),
+``state_ready`` and ``state_free`` (per state tile). Every waiter observes
 every phase of its barriers (the interpreter checks it), so the memory warpgroup and the
 chain wait out the last releases before the barriers go.
 
