@@ -31,7 +31,7 @@ from zero in short runs, ``RUN_STATES_PROGRAMS``, keeping only their end states,
 
 The work is split across three warpgroups of one program per (b, h, V-block j, run r):
 
-- warpgroup 2 (memory): TMA copies of chunk n's q, k ``[C, Kp]``, v ``[C, BV]`` and its decay
+- the last warpgroup (memory): TMA copies of chunk n's q, k ``[C, Kp]``, v ``[C, BV]`` and its decay
   rows into slot ``n % stages``, once both others have released the slot;
 - warpgroup 0 (the state chain): holds ``S [Kp, BV]`` float32 in registers; per chunk writes
   S rounded to the input dtype into one of two shared-memory tiles (the stored state ``h``
@@ -47,8 +47,9 @@ The work is split across three warpgroups of one program per (b, h, V-block j, r
   (``Q e^A`` over the slot's q).
 
 The outputs of chunk n overlap the state update of chunk n + 1, and the loads run ahead by
-``stages`` chunks. With ``outputs`` = 2 (``OUTPUT_WARPGROUPS``; the profile below found the
-outputs warpgroup setting the pace at D 64) two output warpgroups take alternate chunks, so
+``stages`` chunks. With ``outputs`` = 2 (``OUTPUT_WARPGROUPS``; a profile found the outputs
+warpgroup setting the pace at D 64, docs/benchmarks.md, "Where the one-kernel causal
+forward's time goes") two output warpgroups take alternate chunks, so
 two chunks' outputs are computed at once: the pipeline slots and the ``2 outputs`` state tiles
 are multiples of ``outputs``, so that each slot's and each tile's barriers have one waiter of
 each role, and the registers are shared four ways (:func:`compute_registers`).
