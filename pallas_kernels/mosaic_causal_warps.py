@@ -29,10 +29,12 @@ it (:func:`run_states`: ``mosaic_states.walk_states`` walks the chunks before th
 from zero in short runs, ``RUN_STATES_PROGRAMS``, keeping only their end states, and
 ``chunk_scan.entering_states`` scans those).
 
-The work is split across three warpgroups of one program per (b, h, V-block j, run r):
+The work is split across three warpgroups (four with two output warpgroups, below) of one
+program per (b, h, V-block j, run r):
 
-- the last warpgroup (memory): TMA copies of chunk n's q, k ``[C, Kp]``, v ``[C, BV]`` and its decay
-  rows into slot ``n % stages``, once both others have released the slot;
+- the last warpgroup (memory): TMA copies of chunk n's q, k ``[C, Kp]``, v ``[C, BV]`` and
+  its decay rows into slot ``n % stages``, once the chain and the chunk's outputs have
+  released the slot;
 - warpgroup 0 (the state chain): holds ``S [Kp, BV]`` float32 in registers; per chunk writes
   S rounded to the input dtype into one of two shared-memory tiles (the stored state ``h``
   and the outputs' operand) and signals it, then ``S <- e^(A_last) S + K^T (e^tail V)`` (one
