@@ -229,6 +229,8 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
         sums_s[0] = x_rows + jnp.sum(q * inter, axis=1)
         sums_s[1] = x_cols
         dq = (dq + inter).astype(dtype)
+        if piped:  # its own buffer: out of the registers before the larger products
+            dq_s[...] = dq
         et = rows_of(plgpu.load(et_s, layout=ROWS), (chunk, kp))
         k_s[...] = (plgpu.load(k_s, layout=WGMMA).astype(f32) * et).astype(dtype)  # dP K read k
         plgpu.commit_smem()
@@ -270,7 +272,8 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, h_ref, dh_ref, dq_ref, dk_ref
                                       plgpu.ACC((chunk, kp), f32))
         k_et = plgpu.load(k_s, layout=WGMMA).astype(f32)
         sums_s[2] = jnp.sum(k_et * inter, axis=1)
-        dq_s[...] = dq
+        if not piped:  # q's tile, free once dk's products have read it
+            dq_s[...] = dq
         dk = (dk + inter * et).astype(dtype)
         if not piped:
             def products(acc_v):
