@@ -49,8 +49,8 @@ program per (b, h, V-block j, run r):
   (``Q e^A`` over the slot's q).
 
 The outputs of chunk n overlap the state update of chunk n + 1, and the loads run ahead by
-``stages`` chunks. With ``outputs`` = 2 (``OUTPUT_WARPGROUPS``; a profile found the outputs
-warpgroup setting the pace at D 64, docs/benchmarks.md, "Where the one-kernel causal
+``stages`` chunks. With ``outputs`` = 2 (``OUTPUT_WARPGROUPS``; our reading of a profile is that
+the outputs warpgroup sets the pace at D 64, docs/benchmarks.md, "Where the one-kernel causal
 forward's time goes") two output warpgroups take alternate chunks, so
 two chunks' outputs are computed at once: the pipeline slots and the ``2 outputs`` state tiles
 are multiples of ``outputs``, so that each slot's and each tile's barriers have one waiter of
